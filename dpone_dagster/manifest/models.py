@@ -1,0 +1,340 @@
+"""Pydantic models of a dpone manifest.
+
+Every field that appears in the dpone seed documentation is modelled here; unknown keys are
+rejected so that a typo never silently falls back to a default. Cross-field rules live in
+`rules.py` so that this module only describes shapes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+ConnectionType = Literal["env", "params", "airflow", "vault"]
+MessageFormat = Literal["json", "json_schema", "avro", "protobuf"]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+# --------------------------------------------------------------------------- connections
+
+
+class ConnectionRef(StrictModel):
+    """Fields shared by every block that talks to an external system."""
+
+    connection_id: str = Field(min_length=1)
+    connection_type: ConnectionType = "env"
+    # Inline credentials for connection_type: params (secrets are redacted in every output).
+    params: dict[str, Any] | None = None
+
+
+# --------------------------------------------------------------------------- shared pieces
+
+
+class TableRef(StrictModel):
+    schema_: str = Field(default="dbo", alias="schema")
+    name: str = Field(min_length=1)
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema_}.{self.name}"
+
+
+class SchemaRegistryOptions(StrictModel):
+    enabled: bool = False
+    subject_name_strategy: Literal["topic", "record", "topic_record"] = "topic"
+    auto_register_schemas: bool = True
+    # Registry compatibility mode that evolution planning checks against (the project's own rules).
+    compatibility: Literal["BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FULL", "NONE"] = "BACKWARD"
+    record_name: str | None = None
+    record_namespace: str | None = None
+    # Protobuf only: import path of a generated message class, e.g. "myproto.orders_pb2:Order".
+    protobuf_message: str | None = None
+
+
+class ColumnSpec(StrictModel):
+    name: str = Field(min_length=1)
+    type: str = Field(min_length=1, description="Spark SQL type, e.g. 'long', 'string', 'decimal(18,2)'")
+    nullable: bool = True
+
+
+# --------------------------------------------------------------------------- kafka source
+
+
+class TimeWindowPartitions(StrictModel):
+    """Dagster time-window partitions for read_mode: time_window."""
+
+    granularity: Literal["hourly", "daily", "cron"] = "hourly"
+    cron: str | None = None
+    start: str = "2024-01-01T00:00:00"
+    timezone: str = "UTC"
+    # A window runs only once it is closed and this much time has passed after its end.
+    allowed_lateness_seconds: int = Field(default=0, ge=0)
+    # What to do when a window starts before the log start offset (retention removed records).
+    on_retention_gap: Literal["fail", "warn"] = "fail"
+
+
+class KafkaSourceOptions(StrictModel):
+    group_id: str | None = None
+    read_mode: Literal["offsets", "time_window", "max_records"] = "offsets"
+    offset_storage: Literal["dpone", "kafka"] = "dpone"
+    start_from: Literal["stored", "earliest", "latest"] = "stored"
+    message_format: MessageFormat = "json"
+    envelope: Literal["auto", "flat", "dpone"] = "auto"
+    # Records fetched per consumer call inside a Spark task (consume(num_messages=batch_size)).
+    batch_size: int = Field(default=50_000, gt=0)
+    poll_timeout_ms: int = Field(default=1_000, gt=0)
+    # Consecutive empty polls tolerated before a task gives up *and fails* (it never stops early
+    # with success: the planned end offset must be reached).
+    max_empty_polls: int = Field(default=3, gt=0)
+    max_records: int | None = Field(default=None, gt=0)
+    # time_window bounds for CLI runs; inside Dagster the partition window supplies them.
+    start_timestamp: datetime | None = None
+    end_timestamp: datetime | None = None
+    partitions: TimeWindowPartitions | None = None
+    # Upper bound on records one Spark task reads; larger ranges are split into several tasks.
+    records_per_task: int = Field(default=250_000, gt=0)
+    # Sample size for schema inference when `schema` is not given.
+    schema_sample_size: int = Field(default=1_000, gt=0)
+    schema_: list[ColumnSpec] | None = Field(default=None, alias="schema")
+    schema_registry: SchemaRegistryOptions | None = None
+    # Raw librdkafka consumer settings passed through unchanged.
+    consumer_config: dict[str, Any] = Field(default_factory=dict)
+
+
+class KafkaSource(ConnectionRef):
+    type: Literal["kafka"]
+    topic: str = Field(min_length=1)
+    options: KafkaSourceOptions = Field(default_factory=KafkaSourceOptions)
+
+
+# --------------------------------------------------------------------------- SQL sources
+
+
+class SqlSourceOptions(StrictModel):
+    incremental_column: str | None = None
+    batch_size: int = Field(default=50_000, gt=0)
+    export_mode: Literal["jdbc", "bcp", "pyodbc"] = "jdbc"
+    columns: list[str] | None = None
+    predicate: str | None = None
+    # Re-read this far behind the stored watermark (ties / late commits); rows are de-duplicated
+    # by unique key before publishing.
+    lookback: str | int | None = None
+    partition_column: str | None = None
+    num_partitions: int = Field(default=1, gt=0)
+    lower_bound: str | int | None = None
+    upper_bound: str | int | None = None
+    jdbc_driver: str | None = None
+    jdbc_jar: str | None = None
+    capture_instance: str | None = None
+
+
+class SqlSource(ConnectionRef):
+    type: Literal["mssql", "postgres", "mysql"]
+    table: TableRef
+    options: SqlSourceOptions = Field(default_factory=SqlSourceOptions)
+
+
+Source = Annotated[KafkaSource | SqlSource, Field(discriminator="type")]
+
+
+# --------------------------------------------------------------------------- kafka sink
+
+
+class Strategy(StrictModel):
+    mode: Literal[
+        "full_refresh",
+        "incremental_append",
+        "incremental_merge",
+        "replace",
+        "partition_replace",
+        "snapshot_reconciliation",
+        "kafka_offsets",
+        "cdc",
+    ] = "incremental_append"
+    unique_key: str | list[str] | None = None
+    merge_policy: Literal["event_upsert"] = "event_upsert"
+    duplicate_policy: Literal["fail", "keep_last", "keep_first", "allow"] = "keep_last"
+    # snapshot_reconciliation has no safe finalization on a topic; refused unless set.
+    allow_snapshot_reconciliation: bool = False
+
+    @property
+    def unique_key_columns(self) -> tuple[str, ...]:
+        if self.unique_key is None:
+            return ()
+        if isinstance(self.unique_key, str):
+            return tuple(part.strip() for part in self.unique_key.split(",") if part.strip())
+        return tuple(self.unique_key)
+
+
+class KeyOptions(StrictModel):
+    mode: Literal["unique_key", "hash_row", "null"] = "unique_key"
+    format: Literal["string", "json", "avro", "json_schema"] = "string"
+
+
+class DeliveryOptions(StrictModel):
+    mode: Literal["at_least_once", "idempotent", "exactly_once"] = "at_least_once"
+    compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] | None = None
+    linger_ms: int | None = Field(default=None, ge=0)
+    batch_num_messages: int | None = Field(default=None, gt=0)
+    acks: Literal["0", "1", "all", "-1"] | None = None
+    flush_timeout_s: float = Field(default=120.0, gt=0)
+    # Raw librdkafka producer settings passed through unchanged.
+    producer_config: dict[str, Any] = Field(default_factory=dict)
+
+
+class DeleteOptions(StrictModel):
+    enabled: bool = False
+    tombstone: bool = False
+    # A delete row with deletes disabled fails the run (default) or is skipped and counted.
+    when_disabled: Literal["fail", "skip"] = "fail"
+
+
+class HeaderOptions(StrictModel):
+    static: dict[str, str] = Field(default_factory=dict)
+    lineage: bool = False
+    replicate_source: bool = False
+
+
+class TopicCreation(StrictModel):
+    enabled: bool = False
+    partitions: int = Field(default=1, gt=0)
+    replication_factor: int = Field(default=1, gt=0)
+    configs: dict[str, str] = Field(default_factory=dict)
+
+
+class KafkaSinkOptions(StrictModel):
+    message_format: MessageFormat = "json"
+    envelope: Literal["flat", "dpone"] = "flat"
+    key: KeyOptions = Field(default_factory=KeyOptions)
+    delivery: DeliveryOptions = Field(default_factory=DeliveryOptions)
+    deletes: DeleteOptions = Field(default_factory=DeleteOptions)
+    schema_registry: SchemaRegistryOptions = Field(default_factory=SchemaRegistryOptions)
+    headers: HeaderOptions = Field(default_factory=HeaderOptions)
+    create_topic: TopicCreation = Field(default_factory=TopicCreation)
+    on_type_change: Literal["fail", "new_column"] = "fail"
+    schema_evolution: bool = True
+
+
+class KafkaSink(ConnectionRef):
+    type: Literal["kafka"]
+    topic: str = Field(min_length=1)
+    strategy: Strategy = Field(default_factory=Strategy)
+    options: KafkaSinkOptions = Field(default_factory=KafkaSinkOptions)
+
+
+# --------------------------------------------------------------------------- state
+
+
+class StateConfig(StrictModel):
+    # postgres: tables in the state connection; local: JSON files under `path` (embedded default).
+    type: Literal["postgres", "local"] = "local"
+    connection_id: str | None = None
+    connection_type: ConnectionType = "env"
+    params: dict[str, Any] | None = None
+    table: TableRef = Field(default_factory=lambda: TableRef(schema="etl_state", name="dpone_state"))
+    offsets_table: TableRef = Field(
+        default_factory=lambda: TableRef(schema="etl_state", name="etl_kafka_offsets")
+    )
+    path: str = ".dpone/state"
+
+
+# --------------------------------------------------------------------------- quality
+
+
+class _Check(StrictModel):
+    name: str | None = None
+
+
+class MinRowsCheck(_Check):
+    type: Literal["min_rows"]
+    threshold: int = Field(ge=0)
+
+
+class SourceTargetCountCheck(_Check):
+    type: Literal["source_target_count"]
+    tolerance_pct: float = Field(default=0.0, ge=0, le=100)
+
+
+class NotNullCheck(_Check):
+    type: Literal["not_null"]
+    columns: list[str] = Field(min_length=1)
+
+
+class UniqueCheck(_Check):
+    type: Literal["unique"]
+    columns: list[str] = Field(min_length=1)
+
+
+class AcceptedValuesCheck(_Check):
+    type: Literal["accepted_values"]
+    column: str
+    values: list[Any] = Field(min_length=1)
+
+
+class FreshnessCheck(_Check):
+    type: Literal["freshness"]
+    column: str | None = None  # default: the Kafka record timestamp
+    max_age_seconds: int = Field(gt=0)
+
+
+class GreatExpectationsCheck(_Check):
+    type: Literal["great_expectations"]
+    expectation_type: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+Check = Annotated[
+    MinRowsCheck
+    | SourceTargetCountCheck
+    | NotNullCheck
+    | UniqueCheck
+    | AcceptedValuesCheck
+    | FreshnessCheck
+    | GreatExpectationsCheck,
+    Field(discriminator="type"),
+]
+
+
+class QualityConfig(StrictModel):
+    mode: Literal["fail", "warn"] = "fail"
+    checks: list[Check] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- observability
+
+
+class ArtifactsConfig(StrictModel):
+    enabled: bool = False
+    path: str = ".dpone/runs"
+
+
+class ObservabilityConfig(StrictModel):
+    artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
+
+
+# --------------------------------------------------------------------------- manifest
+
+
+class Manifest(StrictModel):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    source: Source
+    sink: KafkaSink
+    state: StateConfig = Field(default_factory=StateConfig)
+    quality: QualityConfig = Field(default_factory=QualityConfig)
+    observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_identifier(cls, value: str) -> str:
+        if not value.replace("_", "a").isalnum() or value[0].isdigit():
+            raise ValueError(
+                "must contain only letters, digits and underscores and not start with a digit "
+                "(it becomes the Dagster asset key)"
+            )
+        return value

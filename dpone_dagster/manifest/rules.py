@@ -1,0 +1,182 @@
+"""Cross-field rules of a manifest: combinations that are each valid alone but not together.
+
+Each rule returns `Problem`s naming the field path and the fix, so that the loader can report
+all of them at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dpone_dagster.manifest.models import KafkaSource, Manifest
+
+REGISTRY_FORMATS = ("json_schema", "avro", "protobuf")
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+def check_rules(manifest: Manifest) -> list[Problem]:
+    problems: list[Problem] = []
+    problems += _strategy_rules(manifest)
+    problems += _key_and_delete_rules(manifest)
+    problems += _registry_rules(manifest)
+    problems += _source_rules(manifest)
+    problems += _state_rules(manifest)
+    return problems
+
+
+def _strategy_rules(m: Manifest) -> list[Problem]:
+    strategy = m.sink.strategy
+    out: list[Problem] = []
+    if strategy.mode == "partition_replace":
+        out.append(
+            Problem(
+                "sink.strategy.mode",
+                "partition_replace is not supported for Kafka sinks (topics are append-only logs); "
+                "use incremental_merge with merge_policy: event_upsert",
+            )
+        )
+    if strategy.mode == "snapshot_reconciliation" and not strategy.allow_snapshot_reconciliation:
+        out.append(
+            Problem(
+                "sink.strategy.mode",
+                "snapshot_reconciliation is not recommended for Kafka sinks (a topic has no safe native "
+                "finalization path); use incremental_merge with deletes, or set "
+                "sink.strategy.allow_snapshot_reconciliation: true to accept it explicitly",
+            )
+        )
+    if strategy.mode == "incremental_merge" and not strategy.unique_key_columns:
+        out.append(
+            Problem(
+                "sink.strategy.unique_key",
+                "incremental_merge requires unique_key; add e.g. `unique_key: order_id` "
+                "(a list for composite keys)",
+            )
+        )
+    if strategy.mode == "kafka_offsets" and not isinstance(m.source, KafkaSource):
+        out.append(
+            Problem("sink.strategy.mode", "kafka_offsets needs a Kafka source; use incremental_append")
+        )
+    if strategy.mode == "cdc" and m.source.type != "mssql":
+        out.append(Problem("sink.strategy.mode", "cdc is only available for source.type: mssql"))
+    return out
+
+
+def _key_and_delete_rules(m: Manifest) -> list[Problem]:
+    options = m.sink.options
+    out: list[Problem] = []
+    if options.key.mode == "unique_key" and not m.sink.strategy.unique_key_columns:
+        if options.deletes.tombstone:
+            out.append(
+                Problem(
+                    "sink.options.deletes.tombstone",
+                    "tombstones need a non-null key, but key.mode: unique_key has no "
+                    "sink.strategy.unique_key; set unique_key or use key.mode: hash_row",
+                )
+            )
+    if options.deletes.tombstone and options.key.mode == "null":
+        out.append(
+            Problem(
+                "sink.options.deletes.tombstone",
+                "tombstones need a non-null key, but key.mode is null; use key.mode: unique_key "
+                "with sink.strategy.unique_key",
+            )
+        )
+    if options.deletes.tombstone and options.key.mode == "hash_row":
+        out.append(
+            Problem(
+                "sink.options.deletes.tombstone",
+                "a tombstone must carry the key of the row it deletes, which key.mode: hash_row "
+                "cannot reproduce; use key.mode: unique_key",
+            )
+        )
+    if options.deletes.tombstone and not options.deletes.enabled:
+        out.append(
+            Problem("sink.options.deletes.enabled", "deletes.tombstone: true needs deletes.enabled: true")
+        )
+    return out
+
+
+def _registry_rules(m: Manifest) -> list[Problem]:
+    out: list[Problem] = []
+    sink_options = m.sink.options
+    if sink_options.message_format in REGISTRY_FORMATS and not sink_options.schema_registry.enabled:
+        out.append(
+            Problem(
+                "sink.options.schema_registry.enabled",
+                f"message_format: {sink_options.message_format} needs a Schema Registry; set "
+                "schema_registry.enabled: true and schema_registry_url in the connection",
+            )
+        )
+    if isinstance(m.source, KafkaSource):
+        source_options = m.source.options
+        if source_options.message_format in REGISTRY_FORMATS and not (
+            source_options.schema_registry and source_options.schema_registry.enabled
+        ):
+            out.append(
+                Problem(
+                    "source.options.schema_registry.enabled",
+                    f"message_format: {source_options.message_format} needs a Schema Registry; set "
+                    "source.options.schema_registry: {enabled: true} and schema_registry_url in the "
+                    "connection",
+                )
+            )
+    if m.sink.options.delivery.mode == "exactly_once" and not isinstance(m.source, KafkaSource):
+        out.append(
+            Problem(
+                "sink.options.delivery.mode",
+                "exactly_once is available for Kafka sources only (offsets are committed in the "
+                "producer transaction); use idempotent",
+            )
+        )
+    return out
+
+
+def _source_rules(m: Manifest) -> list[Problem]:
+    if not isinstance(m.source, KafkaSource):
+        return []
+    options = m.source.options
+    out: list[Problem] = []
+    if options.read_mode == "max_records" and options.max_records is None:
+        out.append(
+            Problem("source.options.max_records", "read_mode: max_records needs max_records: <count>")
+        )
+    if options.start_timestamp and options.end_timestamp and options.start_timestamp >= options.end_timestamp:
+        out.append(
+            Problem("source.options.end_timestamp", "end_timestamp must be later than start_timestamp")
+        )
+    if options.partitions and options.read_mode != "time_window":
+        out.append(
+            Problem("source.options.partitions", "partitions apply to read_mode: time_window only")
+        )
+    if options.partitions and options.partitions.granularity == "cron" and not options.partitions.cron:
+        out.append(
+            Problem("source.options.partitions.cron", "granularity: cron needs cron: '<expression>'")
+        )
+    if options.offset_storage == "kafka" and not options.group_id:
+        out.append(
+            Problem(
+                "source.options.group_id",
+                "offset_storage: kafka commits the consumer group's offsets; set group_id",
+            )
+        )
+    return out
+
+
+def _state_rules(m: Manifest) -> list[Problem]:
+    if m.state.type == "postgres" and not m.state.connection_id:
+        return [
+            Problem(
+                "state.connection_id",
+                "state.type: postgres needs connection_id (e.g. postgres_state with "
+                "POSTGRES_STATE_HOST/... or POSTGRES_STATE_DSN in the environment)",
+            )
+        ]
+    return []
