@@ -1,0 +1,28 @@
+"""Names of the metadata columns that travel beside the payload columns of a batch.
+
+Every name starts with `__dpone__` and none of them is written into a message payload, except
+`__dpone__nc__<column>` variant columns, which are payload (schema evolution routes values there).
+"""
+
+from __future__ import annotations
+
+OP = "__dpone__op"  # upsert | delete
+SOURCE_TOPIC = "__dpone__source_topic"
+SOURCE_PARTITION = "__dpone__source_partition"
+SOURCE_OFFSET = "__dpone__source_offset"
+SOURCE_TIMESTAMP = "__dpone__source_timestamp"
+SOURCE_KEY = "__dpone__source_key"
+SOURCE_HEADERS = "__dpone__source_headers"
+CORRUPT = "__dpone__corrupt"
+ORDER = "__dpone__order"  # source order, used by keep_last / keep_first and ordered produce
+
+METADATA = frozenset(
+    {OP, SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET, SOURCE_TIMESTAMP, SOURCE_KEY, SOURCE_HEADERS, CORRUPT, ORDER}
+)
+
+UPSERT = "upsert"
+DELETE = "delete"
+
+
+def payload_columns(columns: list[str]) -> list[str]:
+    return [c for c in columns if c not in METADATA]

@@ -1,0 +1,66 @@
+"""Where a Kafka source's offsets live: the manifest's state store (offset_storage: dpone) or the
+consumer group on the source cluster (offset_storage: kafka). Both are read back as the start of
+the next run and both are written only after the sink succeeded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from dpone_dagster.errors import RunFailed
+from dpone_dagster.manifest.models import KafkaSource, Manifest
+from dpone_dagster.state.base import RunRecord, StateStore
+
+
+class OffsetStorage:
+    def __init__(self, manifest: Manifest, store: StateStore, client_config: dict[str, Any], group_id: str):
+        assert isinstance(manifest.source, KafkaSource)
+        self.topic = manifest.source.topic
+        self.mode = manifest.source.options.offset_storage
+        self.store = store
+        self.client_config = client_config
+        self.group_id = group_id
+
+    def load(self, fallback: dict[int, int] | None = None) -> dict[int, int]:
+        stored = self._committed_in_group() if self.mode == "kafka" else self.store.load_offsets(self.topic, self.group_id)
+        return stored or dict(fallback or {})
+
+    def commit(self, record: RunRecord, end_offsets: dict[int, int] | None) -> None:
+        """Advance offsets (None: leave them) and mark the run successful."""
+        if self.mode == "kafka":
+            if end_offsets:
+                self._commit_group(end_offsets)
+            self.store.finish_run_success(record, None, None, None)
+        else:
+            self.store.finish_run_success(record, self.topic, self.group_id, end_offsets)
+
+    def _consumer(self) -> Consumer:
+        return Consumer(
+            {**self.client_config, "group.id": self.group_id, "enable.auto.commit": False, "allow.auto.create.topics": False}
+        )
+
+    def _committed_in_group(self) -> dict[int, int]:
+        consumer = self._consumer()
+        try:
+            metadata = consumer.list_topics(timeout=10).topics.get(self.topic)
+            partitions = sorted(metadata.partitions) if metadata else []
+            committed = consumer.committed([TopicPartition(self.topic, p) for p in partitions], timeout=10)
+        finally:
+            consumer.close()
+        return {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
+
+    def _commit_group(self, end_offsets: dict[int, int]) -> None:
+        consumer = self._consumer()
+        try:
+            result = consumer.commit(
+                offsets=[TopicPartition(self.topic, p, o) for p, o in sorted(end_offsets.items())], asynchronous=False
+            )
+        except Exception as exc:
+            raise RunFailed(f"committing offsets of group '{self.group_id}' failed: {exc}") from exc
+        finally:
+            consumer.close()
+        failed = [tp for tp in result or [] if tp.error is not None]
+        if failed:
+            raise RunFailed(f"committing offsets of group '{self.group_id}' failed: {failed}")

@@ -1,0 +1,241 @@
+"""The one runtime algorithm, shared by the Dagster asset and the `dpone run` CLI:
+
+resolve → plan the boundary → preflight the sink → extract on Spark → shape for the sink →
+pre-publish checks → produce → reconcile deliveries → advance state (only now) → result.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from dpone_dagster import columns as C
+from dpone_dagster.connections import resolve_kafka, resolve_postgres
+from dpone_dagster.engine.offsets import OffsetStorage
+from dpone_dagster.engine.results import RunResult
+from dpone_dagster.errors import ConfigError, DponeError, RunFailed
+from dpone_dagster.kafka.admin import ensure_sink_topic
+from dpone_dagster.kafka.config import producer_config
+from dpone_dagster.manifest.models import KafkaSource, Manifest
+from dpone_dagster.sources.kafka import KafkaBatchSource, TimeWindow
+from dpone_dagster.spark import shape
+from dpone_dagster.spark.kafka_writer import ProducerSettings, produce
+from dpone_dagster.state import open_state_store
+from dpone_dagster.state.base import RunRecord, StateStore, utcnow
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class RunRequest:
+    """What a caller can vary about one run of a manifest."""
+
+    run_id: str | None = None
+    window: TimeWindow | None = None
+    # Offsets recorded by the last successful Dagster materialization, used when the state
+    # store has nothing (e.g. a fresh state database).
+    fallback_offsets: dict[int, int] | None = None
+    log: Log = field(default=lambda message: None)
+
+
+def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | None = None) -> RunResult:
+    request = request or RunRequest()
+    run_id = request.run_id or uuid.uuid4().hex
+    result = RunResult(run_id=run_id, pipeline=manifest.name)
+    if not isinstance(manifest.source, KafkaSource):
+        raise ConfigError(f"source.type: {manifest.source.type} runs are not available yet; use a kafka source")
+    store = open_manifest_state_store(manifest)
+    record = RunRecord(run_id=run_id, pipeline=manifest.name, status="running", started_at=utcnow())
+    store.start_run(record)
+    try:
+        _run(manifest, spark, request, store, record, result)
+    except BaseException as exc:
+        result.status = "failed"
+        result.error = str(exc)
+        store.finish_run_failed(_record(record, result, "failed"))
+        store.close()
+        if isinstance(exc, DponeError):
+            raise
+        raise RunFailed(f"run {run_id} failed: {exc}") from exc
+    store.close()
+    return result
+
+
+def _record(record: RunRecord, result: RunResult, status: str) -> RunRecord:
+    return RunRecord(
+        run_id=record.run_id,
+        pipeline=record.pipeline,
+        status=status,
+        started_at=record.started_at,
+        finished_at=utcnow(),
+        boundary=result.boundary,
+        counts=result.counts(),
+        timings=result.timings,
+        error=result.error,
+    )
+
+
+@contextmanager
+def _stage(result: RunResult, name: str, log: Log) -> Iterator[None]:
+    started = time.perf_counter()
+    log(f"{name}: started")
+    try:
+        yield
+    finally:
+        result.timings[name] = round(time.perf_counter() - started, 3)
+        log(f"{name}: {result.timings[name]}s")
+
+
+def open_manifest_state_store(manifest: Manifest) -> StateStore:
+    state = manifest.state
+    connect_kwargs = resolve_postgres(state).connect_kwargs() if state.type == "postgres" else None
+    return open_state_store(state, manifest.name, connect_kwargs)
+
+
+def _run(
+    manifest: Manifest,
+    spark: SparkSession,
+    request: RunRequest,
+    store: StateStore,
+    record: RunRecord,
+    result: RunResult,
+) -> None:
+    log = request.log
+    source_conn = resolve_kafka(manifest.source)
+    sink_conn = resolve_kafka(manifest.sink)
+    source = KafkaBatchSource(manifest, source_conn.client_config())
+    offsets = OffsetStorage(manifest, store, source.client_config, source.group_id)
+
+    with _stage(result, "plan", log):
+        stored = offsets.load(request.fallback_offsets)
+        boundary = source.plan(stored, request.window)
+        result.boundary = boundary.as_dict()
+        result.notes.extend(boundary.notes)
+        log(f"plan: {boundary.total} offsets in {len(boundary.ranges)} partition(s) of '{boundary.topic}'")
+
+    with _stage(result, "preflight", log):
+        ensure_sink_topic(sink_conn.client_config(), manifest.sink.topic, manifest.sink.options.create_topic)
+
+    staged: DataFrame | None = None
+    try:
+        with _stage(result, "extract", log):
+            extracted = source.extract(spark, boundary, log)
+            result.notes.extend(extracted.notes)
+            staged = extracted.df.persist(StorageLevel.MEMORY_AND_DISK)
+            counts = staged.agg(
+                F.count(F.lit(1)).alias("rows"),
+                F.count(F.col(C.CORRUPT)).alias("corrupt"),
+                F.sum(F.when(F.col(C.OP) == C.DELETE, 1).otherwise(0)).alias("deletes"),
+            ).first()
+            result.rows_extracted = int(counts["rows"])
+            _fail_on_corrupt(staged, int(counts["corrupt"]), boundary.topic)
+
+        if result.rows_extracted == 0:
+            log("extract: no new records; nothing to produce")
+        else:
+            _shape_and_load(manifest, staged, int(counts["deletes"] or 0), sink_conn.client_config(), result, log)
+    finally:
+        if staged is not None:
+            staged.unpersist()
+
+    with _stage(result, "commit", log):
+        end_offsets = boundary.end_offsets
+        advance = manifest.sink.strategy.mode != "replace"
+        result.committed_offsets = end_offsets if advance else {}
+        result.status = "success"
+        offsets.commit(_record(record, result, "success"), end_offsets if advance else None)
+        log(f"commit: offsets {result.committed_offsets or 'unchanged (replace)'}")
+
+
+def _shape_and_load(
+    manifest: Manifest, staged: DataFrame, deletes: int, sink_config: dict, result: RunResult, log: Log
+) -> None:
+    with _stage(result, "shape", log):
+        messages, expected = _shape(manifest, staged, deletes, result)
+    with _stage(result, "load", log):
+        delivery = manifest.sink.options.delivery
+        stats = produce(
+            messages,
+            ProducerSettings(
+                topic=manifest.sink.topic,
+                config=tuple(producer_config(sink_config, delivery).items()),
+                flush_timeout_s=delivery.flush_timeout_s,
+            ),
+        )
+        result.messages_produced = stats.delivered
+        result.tombstones = stats.tombstones
+        result.bytes_produced = stats.bytes
+        result.sink_partitions = [p.__dict__ for p in stats.partitions]
+        result.executors = list(stats.executors)
+        if not stats.ok:
+            raise RunFailed(
+                f"{stats.failed} message(s) to '{manifest.sink.topic}' were not delivered "
+                f"({'; '.join(stats.errors)}); no state was advanced — fix the cause and rerun"
+            )
+        if stats.delivered != expected:
+            raise RunFailed(
+                f"delivery reports account for {stats.delivered} message(s) but {expected} were produced; "
+                "no state was advanced"
+            )
+
+
+def _fail_on_corrupt(staged: DataFrame, corrupt: int, topic: str) -> None:
+    if not corrupt:
+        return
+    sample = staged.where(F.col(C.CORRUPT).isNotNull()).select(C.SOURCE_PARTITION, C.SOURCE_OFFSET).limit(5).collect()
+    where = ", ".join(f"{row[0]}@{row[1]}" for row in sample)
+    raise RunFailed(
+        f"{corrupt} record(s) of '{topic}' could not be decoded as JSON matching the schema "
+        f"(partition@offset: {where}); fix the producer, or declare source.options.schema with wider types"
+    )
+
+
+def _shape(manifest: Manifest, staged: DataFrame, deletes: int, result: RunResult) -> tuple[DataFrame, int]:
+    """Apply key, delete policy and duplicate policy; returns (messages, expected message count)."""
+    sink = manifest.sink
+    options = sink.options
+    batch = staged
+    if deletes and not options.deletes.enabled:
+        if options.deletes.when_disabled == "fail":
+            raise RunFailed(
+                f"the batch holds {deletes} delete(s) but sink.options.deletes.enabled is false; enable deletes "
+                "(with tombstone: true, or envelope: dpone) or set deletes.when_disabled: skip to drop them"
+            )
+        batch = batch.where(F.col(C.OP) != C.DELETE)
+        result.deletes_skipped = deletes
+    keyed = shape.sink_key(batch, sink)
+    if options.deletes.tombstone:
+        missing = keyed.where((F.col(C.OP) == C.DELETE) & F.col(shape.KEY).isNull()).count()
+        if missing:
+            raise RunFailed(f"{missing} delete(s) have no key, so no tombstone can be produced; check unique_key")
+    keyed_rows = result.rows_extracted - result.deletes_skipped
+    if sink.strategy.mode in shape.DEDUPE_MODES and options.key.mode == "unique_key":
+        policy = sink.strategy.duplicate_policy
+        if policy == "fail":
+            count, sample = shape.duplicate_keys(keyed)
+            if count:
+                raise RunFailed(
+                    f"duplicate_policy: fail — {count} key(s) occur more than once in the batch "
+                    f"(e.g. {sample}); nothing was produced. Use keep_last/keep_first to keep one row per key"
+                )
+        elif policy in ("keep_last", "keep_first"):
+            keyed = shape.dedupe(keyed, policy).persist(StorageLevel.MEMORY_AND_DISK)
+            kept = keyed.count()
+            result.duplicates_removed = keyed_rows - kept
+            keyed_rows = kept
+    if options.key.mode == "unique_key" and not shape.uses_dedupe(sink):
+        keyed = shape.ordered_by_key(keyed)
+    ctx = shape.ShapeContext(
+        pipeline=manifest.name,
+        run_id=result.run_id,
+        strategy=sink.strategy.mode,
+        source_fields={"topic": manifest.source.topic} if isinstance(manifest.source, KafkaSource) else {},
+    )
+    return shape.to_messages(keyed, sink, ctx), keyed_rows

@@ -1,0 +1,218 @@
+"""Kafka source: fix the boundary, sample for the schema, read on Spark, decode."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from dpone_dagster.errors import ConfigError, RunFailed
+from dpone_dagster.kafka import inspect
+from dpone_dagster.kafka.boundary import (
+    Boundary,
+    PartitionRange,
+    cap_total_records,
+    plan_offset_ranges,
+    split_into_tasks,
+)
+from dpone_dagster.manifest.models import KafkaSource, Manifest
+from dpone_dagster.schema.inference import infer_schema, merge_structs
+from dpone_dagster.spark import decode
+from dpone_dagster.spark.kafka_reader import ReaderSettings, read_ranges
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TimeWindow:
+    start: datetime
+    end: datetime
+
+    @property
+    def start_ms(self) -> int:
+        return int(self.start.timestamp() * 1000)
+
+    @property
+    def end_ms(self) -> int:
+        return int(self.end.timestamp() * 1000)
+
+
+@dataclass
+class ExtractResult:
+    df: DataFrame  # payload + metadata columns (see dpone_dagster.columns)
+    schema: StructType  # payload schema
+    envelope: str
+    notes: list[str] = field(default_factory=list)
+
+
+def default_group_id(manifest: Manifest) -> str:
+    source = manifest.source
+    assert isinstance(source, KafkaSource)
+    return source.options.group_id or f"dpone.{manifest.name}"
+
+
+class KafkaBatchSource:
+    def __init__(self, manifest: Manifest, client_config: dict[str, Any]):
+        assert isinstance(manifest.source, KafkaSource)
+        self.manifest = manifest
+        self.source: KafkaSource = manifest.source
+        self.options = manifest.source.options
+        self.client_config = client_config
+        self.group_id = default_group_id(manifest)
+
+    @property
+    def topic(self) -> str:
+        return self.source.topic
+
+    # ----------------------------------------------------------------------- plan
+
+    def plan(self, stored: dict[int, int], window: TimeWindow | None = None) -> Boundary:
+        """Fix [start, end) per partition before anything is read (retries read the same offsets)."""
+        consumer = inspect.make_consumer(self.client_config, self.group_id)
+        try:
+            partitions = inspect.topic_partitions(consumer, self.topic)
+            watermarks = inspect.verified_watermarks(consumer, self.topic, partitions)
+            strategy = self.manifest.sink.strategy.mode
+            window = window or self._manifest_window()
+            if self.options.read_mode == "time_window" or (window is not None and strategy == "replace"):
+                if window is None:
+                    raise ConfigError(
+                        "source.options: read_mode time_window needs start_timestamp and end_timestamp "
+                        "(or a Dagster partition)"
+                    )
+                return self._plan_window(consumer, watermarks, window)
+            start_from = self.options.start_from
+            if strategy in ("full_refresh", "replace"):
+                start_from = "earliest" if start_from == "stored" else start_from
+            boundary = plan_offset_ranges(self.topic, watermarks, stored, start_from)
+            if self.options.read_mode == "max_records":
+                assert self.options.max_records is not None
+                boundary = cap_total_records(boundary, self.options.max_records)
+            return boundary
+        finally:
+            consumer.close()
+
+    def _manifest_window(self) -> TimeWindow | None:
+        o = self.options
+        if o.start_timestamp and o.end_timestamp:
+            return TimeWindow(_utc(o.start_timestamp), _utc(o.end_timestamp))
+        return None
+
+    def _plan_window(self, consumer: Any, watermarks: dict, window: TimeWindow) -> Boundary:
+        probe = inspect.RecordProbe(consumer, self.topic)
+        starts = inspect.offsets_for_timestamp(consumer, probe, self.topic, watermarks, window.start_ms)
+        ends = inspect.offsets_for_timestamp(consumer, probe, self.topic, watermarks, window.end_ms)
+        ranges = tuple(PartitionRange(p, starts[p], max(starts[p], ends[p])) for p in sorted(watermarks))
+        notes = (f"window [{window.start.isoformat()}, {window.end.isoformat()})",)
+        return Boundary(self.topic, "time_window", ranges, notes)
+
+    # ----------------------------------------------------------------------- extract
+
+    def extract(self, spark: SparkSession, boundary: Boundary, log: Log) -> ExtractResult:
+        tasks = split_into_tasks(boundary, self.options.records_per_task)
+        sample = self._sample(boundary) if boundary.total else []
+        envelope = self._resolve_envelope(sample)
+        schema = self._schema(sample, envelope)
+        settings = ReaderSettings(
+            client_config=self.client_config,
+            group_id=self.group_id,
+            batch_size=self.options.batch_size,
+            poll_timeout_ms=self.options.poll_timeout_ms,
+            max_empty_polls=self.options.max_empty_polls,
+            consumer_overrides=tuple(self.options.consumer_config.items()),
+        )
+        log(f"extract: {len(tasks)} Spark task(s) over {boundary.total} offsets of '{self.topic}'")
+        raw = read_ranges(spark, tasks, settings)
+        notes = [f"envelope: {envelope}" + (" (detected)" if self.options.envelope == "auto" else "")]
+        if self.options.schema_ is None and boundary.total:
+            raw = raw.cache()  # decoded twice only if the schema needs widening
+            extra = sorted(set(decode.top_level_keys(raw, envelope)) - set(schema.fieldNames()))
+            if extra:
+                texts = decode.sample_values_with_keys(raw, envelope, extra)
+                schema = merge_structs(schema, self._infer([_loads(t) for t in texts], envelope))
+                notes.append(f"schema widened with fields not in the sample: {extra}")
+        return ExtractResult(decode.decode_json(raw, schema, envelope), schema, envelope, notes)
+
+    def _sample(self, boundary: Boundary) -> list[Any]:
+        """Up to schema_sample_size decoded values, spread across the partitions of the boundary."""
+        wanted = self.options.schema_sample_size
+        ranges = [r for r in boundary.ranges if r.size]
+        per_partition = max(1, wanted // max(1, len(ranges)))
+        consumer = inspect.make_consumer(self.client_config, self.group_id)
+        values: list[Any] = []
+        try:
+            for r in ranges:
+                for value in _read_some(consumer, self.topic, r.partition, r.start, min(per_partition, r.size), r.end):
+                    if value is not None:
+                        values.append(_loads(value))
+        finally:
+            consumer.close()
+        return values
+
+    def _resolve_envelope(self, sample: list[Any]) -> str:
+        if self.options.envelope != "auto":
+            return self.options.envelope
+        objects = [v for v in sample if isinstance(v, dict)]
+        if objects and all("op" in v and isinstance(v.get("data"), dict | None) and "data" in v for v in objects):
+            return "dpone"
+        return "flat"
+
+    def _schema(self, sample: list[Any], envelope: str) -> StructType:
+        if self.options.schema_ is not None:
+            ddl = ", ".join(f"`{c.name}` {c.type}" for c in self.options.schema_)
+            return StructType.fromDDL(ddl)
+        return self._infer(sample, envelope)
+
+    @staticmethod
+    def _infer(values: list[Any], envelope: str) -> StructType:
+        if envelope == "dpone":
+            rows = [v["data"] for v in values if isinstance(v, dict) and isinstance(v.get("data"), dict)]
+        else:
+            rows = [v for v in values if isinstance(v, dict)]
+        return infer_schema(rows)
+
+
+def _read_some(consumer: Any, topic: str, partition: int, start: int, count: int, end: int) -> list[bytes | None]:
+    """Values of up to `count` records from `start`, never past `end`."""
+    from confluent_kafka import KafkaError, TopicPartition
+
+    consumer.assign([TopicPartition(topic, partition, start)])
+    out: list[bytes | None] = []
+    empty = 0
+    try:
+        while len(out) < count and empty < 20:
+            messages = consumer.consume(num_messages=min(count - len(out), 10_000), timeout=0.5)
+            if not messages:
+                empty += 1
+            for message in messages:
+                err = message.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        return out
+                    raise RunFailed(f"{topic}[{partition}]: fetch failed while sampling: {err}")
+                if message.offset() >= end:
+                    return out
+                out.append(message.value())
+                if len(out) >= count:
+                    break
+    finally:
+        consumer.unassign()
+    return out
+
+
+def _loads(value: bytes | str | None) -> Any:
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except (ValueError, UnicodeDecodeError):
+        return None  # counted as corrupt by the Spark decode
+
+
+def _utc(value: datetime) -> datetime:
+    return value if value.tzinfo else value.replace(tzinfo=UTC)

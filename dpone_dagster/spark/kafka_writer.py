@@ -1,0 +1,129 @@
+"""Produce shaped messages from Spark tasks and bring back only delivery statistics.
+
+Each task owns one confluent-kafka producer, checks every delivery report, handles a full local
+queue (BufferError) by serving callbacks and retrying, and flushes before it reports. The driver
+sums the reports; the batch itself is never collected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+
+from dpone_dagster.kafka.delivery import STATS_COLUMNS, UNASSIGNED, DeliveryStats, aggregate
+
+
+@dataclass(frozen=True)
+class ProducerSettings:
+    topic: str
+    config: tuple[tuple[str, Any], ...]
+    flush_timeout_s: float = 120.0
+
+
+def produce(messages: DataFrame, settings: ProducerSettings) -> DeliveryStats:
+    def produce_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from _produce_task(settings, batches)
+
+    stats = messages.select("key", "value", "headers", "partition").mapInArrow(produce_batches, STATS_COLUMNS)
+    return aggregate(row.asDict() for row in stats.collect())
+
+
+class _TaskReport:
+    """Delivery callback state of one task."""
+
+    def __init__(self) -> None:
+        self.delivered: dict[int, list[int]] = {}  # partition -> [count, min_offset, max_offset]
+        self.failed = 0
+        self.tombstones = 0
+        self.bytes = 0
+        self.first_error: str | None = None
+
+    def on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.failed += 1
+            if self.first_error is None:
+                self.first_error = f"{msg.topic()}: {err.str()} (code {err.name()})"
+            return
+        offset = msg.offset()
+        acc = self.delivered.get(msg.partition())
+        if acc is None:
+            self.delivered[msg.partition()] = [1, offset, offset]
+        else:
+            acc[0] += 1
+            acc[1] = min(acc[1], offset)
+            acc[2] = max(acc[2], offset)
+        value = msg.value()
+        if value is None:
+            self.tombstones += 1
+        self.bytes += len(value or b"") + len(msg.key() or b"")
+
+    def rows(self, executor: str) -> pa.RecordBatch:
+        rows = [
+            (p, acc[0], 0, 0, 0, acc[1], acc[2], None) for p, acc in sorted(self.delivered.items())
+        ]
+        rows.append((UNASSIGNED, 0, self.failed, self.tombstones, self.bytes, -1, -1, self.first_error))
+        names = ["partition", "delivered", "failed", "tombstones", "bytes", "min_offset", "max_offset", "first_error"]
+        data = {name: [r[i] for r in rows] for i, name in enumerate(names)}
+        data["executor"] = [executor] * len(rows)
+        return pa.RecordBatch.from_pydict(
+            data,
+            schema=pa.schema(
+                [
+                    ("partition", pa.int32()),
+                    ("delivered", pa.int64()),
+                    ("failed", pa.int64()),
+                    ("tombstones", pa.int64()),
+                    ("bytes", pa.int64()),
+                    ("min_offset", pa.int64()),
+                    ("max_offset", pa.int64()),
+                    ("first_error", pa.string()),
+                    ("executor", pa.string()),
+                ]
+            ),
+        )
+
+
+def _executor_id() -> str:
+    """Which executor ran the task (Spark exports SPARK_EXECUTOR_ID to Python workers on clusters)."""
+    import os
+    import socket
+
+    return f"{socket.gethostname()}:{os.environ.get('SPARK_EXECUTOR_ID', 'driver')}"
+
+
+def _produce_task(settings: ProducerSettings, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    from confluent_kafka import Producer
+
+    producer = Producer(dict(settings.config))
+    report = _TaskReport()
+    topic = settings.topic
+    for batch in batches:
+        keys = batch.column("key").to_pylist()
+        values = batch.column("value").to_pylist()
+        headers = batch.column("headers").to_pylist()
+        partitions = batch.column("partition").to_pylist()
+        for key, value, header, partition in zip(keys, values, headers, partitions, strict=True):
+            kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": report.on_delivery}
+            if header:
+                kwargs["headers"] = [(h["key"], h["value"]) for h in header]
+            if partition is not None and partition >= 0:
+                kwargs["partition"] = partition
+            while True:
+                try:
+                    producer.produce(topic, **kwargs)
+                    break
+                except BufferError:
+                    # Local queue full: serve delivery reports until there is room again.
+                    producer.poll(0.05)
+        producer.poll(0)
+    remaining = producer.flush(settings.flush_timeout_s)
+    if remaining:
+        report.failed += remaining
+        report.first_error = report.first_error or (
+            f"{topic}: {remaining} message(s) not delivered within flush timeout {settings.flush_timeout_s}s"
+        )
+    yield report.rows(_executor_id())

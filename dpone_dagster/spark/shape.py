@@ -1,0 +1,147 @@
+"""Shape a staged batch into Kafka messages on Spark: strategy semantics, keys, envelopes,
+deletes and headers. The output has the columns the producer tasks expect:
+`key binary, value binary, headers array<struct<key,value>>, partition int` plus `__dpone__op`.
+
+Key encodings (stable, documented in the README):
+- unique_key, one column: the value as text (numbers in plain decimal, strings as they are);
+- unique_key, several columns: compact JSON object of the key columns in the declared order;
+- hash_row: hex SHA-256 of the row's canonical JSON (payload columns sorted by name, nulls kept);
+- null: no key.
+A delete that came from a source tombstone carries no payload; its key is the source key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from dpone_dagster import columns as C
+from dpone_dagster.errors import ConfigError
+from dpone_dagster.manifest.models import KafkaSink
+
+JSON_WRITE_OPTIONS = {
+    "ignoreNullFields": "false",
+    "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
+    "dateFormat": "yyyy-MM-dd",
+}
+KEY = "__dpone__key_out"
+DEDUPE_MODES = ("incremental_merge", "full_refresh", "replace", "snapshot_reconciliation", "cdc")
+
+
+@dataclass(frozen=True)
+class ShapeContext:
+    pipeline: str
+    run_id: str
+    strategy: str
+    # Literal fields describing the source in the dpone envelope, e.g. {"schema": "dbo", "table": "orders"}.
+    source_fields: dict[str, str] = field(default_factory=dict)
+    schema_version: int = 1
+
+
+def sink_key(df: DataFrame, sink: KafkaSink) -> DataFrame:
+    """Add the produced message key as bytes (null when the key mode yields none)."""
+    mode = sink.options.key.mode
+    payload = C.payload_columns(df.columns)
+    if mode == "null":
+        key: Column = F.lit(None).cast("binary")
+    elif mode == "hash_row":
+        canonical = F.to_json(F.struct(*[F.col(c) for c in sorted(payload)]), JSON_WRITE_OPTIONS)
+        key = F.sha2(canonical, 256).cast("binary")
+    else:
+        key_columns = sink.strategy.unique_key_columns
+        missing = [c for c in key_columns if c not in payload]
+        if missing:
+            raise ConfigError(
+                f"sink.strategy.unique_key: column(s) {missing} are not in the batch (columns: {payload})"
+            )
+        if len(key_columns) == 1:
+            value = F.col(key_columns[0]).cast("string")
+        else:
+            struct = F.struct(*[F.col(c) for c in key_columns])
+            value = F.when(
+                F.greatest(*[F.col(c).isNotNull() for c in key_columns]), F.to_json(struct, JSON_WRITE_OPTIONS)
+            )
+        source_key = F.col(C.SOURCE_KEY) if C.SOURCE_KEY in df.columns else F.lit(None).cast("binary")
+        key = F.when(value.isNull() & (F.col(C.OP) == C.DELETE), source_key).otherwise(value.cast("binary"))
+    return df.withColumn(KEY, key)
+
+
+def uses_dedupe(sink: KafkaSink) -> bool:
+    strategy = sink.strategy
+    return (
+        strategy.mode in DEDUPE_MODES
+        and strategy.duplicate_policy in ("keep_last", "keep_first")
+        and sink.options.key.mode == "unique_key"
+    )
+
+
+def duplicate_keys(keyed: DataFrame, limit: int = 10) -> tuple[int, list[str]]:
+    """(number of keys occurring more than once, a sample of them)."""
+    dupes = keyed.where(F.col(KEY).isNotNull()).groupBy(KEY).count().where(F.col("count") > 1)
+    count = dupes.count()
+    sample = [bytes(row[KEY]).decode("utf-8", "replace") for row in dupes.limit(limit).collect()] if count else []
+    return count, sample
+
+
+def dedupe(keyed: DataFrame, policy: str) -> DataFrame:
+    """One row per key by source order; rows without a key are all kept."""
+    order = F.col(C.ORDER).desc() if policy == "keep_last" else F.col(C.ORDER).asc()
+    rank = F.row_number().over(Window.partitionBy(KEY).orderBy(order))
+    with_key = keyed.where(F.col(KEY).isNotNull()).withColumn("__rank", rank).where("__rank = 1").drop("__rank")
+    return with_key.unionByName(keyed.where(F.col(KEY).isNull()))
+
+
+def to_messages(keyed: DataFrame, sink: KafkaSink, ctx: ShapeContext) -> DataFrame:
+    """Encode key/value/headers. Deletes must already be allowed (see engine pre-publish checks)."""
+    options = sink.options
+    payload = [c for c in C.payload_columns(keyed.columns) if c != KEY]
+    data = F.struct(*[F.col(c) for c in payload])
+    is_delete = F.col(C.OP) == C.DELETE
+    if options.envelope == "dpone":
+        envelope = F.struct(
+            F.col(C.OP).alias("op"),
+            data.alias("data"),
+            F.struct(F.lit(ctx.strategy).alias("strategy"), F.lit(ctx.run_id).alias("run_id")).alias("metadata"),
+            F.struct(*[F.lit(v).alias(k) for k, v in ctx.source_fields.items()]).alias("source")
+            if ctx.source_fields
+            else F.lit(None).alias("source"),
+            F.lit(ctx.schema_version).alias("schema_version"),
+        )
+        value = F.to_json(envelope, JSON_WRITE_OPTIONS)
+    else:
+        value = F.to_json(data, JSON_WRITE_OPTIONS)
+    if options.deletes.enabled and options.deletes.tombstone:
+        value = F.when(is_delete, F.lit(None).cast("string")).otherwise(value)
+    return keyed.select(
+        F.col(KEY).alias("key"),
+        value.cast("binary").alias("value"),
+        _headers(keyed, sink).alias("headers"),
+        F.lit(-1).cast("int").alias("partition"),
+        F.col(C.OP),
+    )
+
+
+def _headers(df: DataFrame, sink: KafkaSink) -> Column:
+    options = sink.options.headers
+    entries: list[Column] = [
+        F.struct(F.lit(k).alias("key"), F.lit(v).cast("binary").alias("value")) for k, v in options.static.items()
+    ]
+    if options.lineage and C.SOURCE_TOPIC in df.columns:
+        for name, column in (
+            ("dpone.source.topic", C.SOURCE_TOPIC),
+            ("dpone.source.partition", C.SOURCE_PARTITION),
+            ("dpone.source.offset", C.SOURCE_OFFSET),
+        ):
+            entries.append(F.struct(F.lit(name).alias("key"), F.col(column).cast("string").cast("binary").alias("value")))
+    headers = F.array(*entries) if entries else F.lit(None).cast("array<struct<key:string,value:binary>>")
+    if options.replicate_source and C.SOURCE_HEADERS in df.columns:
+        source = F.coalesce(F.col(C.SOURCE_HEADERS), F.array().cast("array<struct<key:string,value:binary>>"))
+        headers = F.concat(source, F.coalesce(headers, F.array().cast("array<struct<key:string,value:binary>>")))
+    return headers
+
+
+def ordered_by_key(keyed: DataFrame) -> DataFrame:
+    """Events of one key go to one producing task, in source order, so the topic keeps their order."""
+    return keyed.repartition(F.col(KEY)).sortWithinPartitions(C.ORDER)

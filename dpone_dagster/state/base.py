@@ -1,0 +1,154 @@
+"""Shapes and contract shared by every state store.
+
+The product rule every store enforces: Kafka offsets and SQL watermarks move forward only in the
+same commit that marks the run `success`; a failed run is recorded but never moves them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any, Protocol, runtime_checkable
+
+from dpone_dagster.errors import RunFailed
+
+RUN_STATUSES = ("running", "success", "failed")
+
+
+class StateConflict(RunFailed):
+    """The store refused a write that would break the run/offset rules; nothing was written."""
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def as_utc(value: datetime, what: str) -> datetime:
+    # A naive datetime is ambiguous across hosts; refuse it rather than guess a zone.
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{what} must be timezone-aware (use datetime.now(timezone.utc))")
+    return value.astimezone(UTC)
+
+
+@dataclass(frozen=True)
+class PartitionOffset:
+    partition: int
+    offset: int  # next offset to read
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: str
+    pipeline: str
+    status: str  # running|success|failed
+    started_at: datetime
+    finished_at: datetime | None = None
+    boundary: dict[str, Any] = field(default_factory=dict)
+    counts: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in RUN_STATUSES:
+            raise ValueError(f"RunRecord.status must be one of {RUN_STATUSES}, got {self.status!r}")
+        # Normalise to UTC so that every store writes and returns the same instant representation.
+        object.__setattr__(self, "started_at", as_utc(self.started_at, "RunRecord.started_at"))
+        if self.finished_at is not None:
+            object.__setattr__(self, "finished_at", as_utc(self.finished_at, "RunRecord.finished_at"))
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["started_at"] = self.started_at.isoformat()
+        data["finished_at"] = self.finished_at.isoformat() if self.finished_at else None
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunRecord:
+        finished = data.get("finished_at")
+        return cls(
+            run_id=data["run_id"],
+            pipeline=data["pipeline"],
+            status=data["status"],
+            started_at=datetime.fromisoformat(data["started_at"]),
+            finished_at=datetime.fromisoformat(finished) if finished else None,
+            boundary=data.get("boundary") or {},
+            counts=data.get("counts") or {},
+            timings=data.get("timings") or {},
+            error=data.get("error"),
+        )
+
+
+def dumps(value: Any) -> str:
+    # No `default=`: a value that would not round-trip (datetime, object) must fail loudly, inside
+    # the commit, so that nothing is written.
+    return json.dumps(value, sort_keys=True, allow_nan=False)
+
+
+def check_offsets(topic: str | None, group_id: str | None, offsets: dict[int, int] | None) -> None:
+    if offsets is None:
+        return
+    if not topic or not group_id:
+        raise ValueError("offsets need both topic and group_id")
+    for partition, offset in offsets.items():
+        if int(partition) < 0 or int(offset) < 0:
+            raise ValueError(f"invalid offset {partition}:{offset} (partition and offset must be >= 0)")
+
+
+def finished(record: RunRecord, status: str) -> RunRecord:
+    """The record as it is stored when the run ends (finished_at defaults to now)."""
+    return replace(record, status=status, finished_at=record.finished_at or utcnow())
+
+
+@runtime_checkable
+class StateStore(Protocol):
+    def load_offsets(self, topic: str, group_id: str) -> dict[int, int]:
+        """Committed next-offset per partition; {} when nothing was committed (start from earliest)."""
+        ...
+
+    def start_run(self, record: RunRecord) -> None:
+        """Record a `running` run; a run_id that already exists raises StateConflict."""
+        ...
+
+    def finish_run_success(
+        self,
+        record: RunRecord,
+        topic: str | None,
+        group_id: str | None,
+        offsets: dict[int, int] | None,
+        watermark: dict[str, Any] | None = None,
+    ) -> None:
+        """Upsert offsets per partition, the watermark and the success status in ONE commit.
+
+        Raises StateConflict (writing nothing) when the run already finished.
+        """
+        ...
+
+    def finish_run_failed(self, record: RunRecord) -> None:
+        """Record status failed + error; never touches offsets or watermarks.
+
+        A run already committed as success stays success (its offsets moved); the call is ignored.
+        """
+        ...
+
+    def load_watermark(self, pipeline: str) -> dict[str, Any] | None: ...
+
+    def reset_offsets(self, topic: str, group_id: str, offsets: dict[int, int] | None) -> None:
+        """None: forget stored offsets (next run starts from earliest); a dict: store exactly these."""
+        ...
+
+    def list_runs(self, pipeline: str, limit: int = 20) -> list[RunRecord]:
+        """Newest first (by started_at)."""
+        ...
+
+    def try_lock(self, pipeline: str) -> bool:
+        """Take the pipeline's exclusive run lock without waiting; False when another holder has it."""
+        ...
+
+    def unlock(self, pipeline: str) -> None: ...
+
+    def describe(self) -> dict[str, Any]:
+        """Safe summary for logs and metadata (never credentials)."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,157 @@
+"""Shared test infrastructure: one embedded broker, one Spark session and one fresh PostgreSQL
+database for the whole session (all real; see TEST-ENVIRONMENT notes in the README)."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from dpone_dagster.embedded_broker import EmbeddedBroker
+
+PG_HOST = os.environ.get("DPONE_TEST_PG_HOST", "127.0.0.1")
+PG_PORT = int(os.environ.get("DPONE_TEST_PG_PORT", "5432"))
+PG_USER = os.environ.get("DPONE_TEST_PG_USER", "postgres")
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker() as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from dpone_dagster.spark.session import get_spark
+
+    session = get_spark({"spark.master": "local[2]", "spark.sql.shuffle.partitions": "4"})
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[dict[str, Any]]:
+    """A fresh database on the machine's PostgreSQL, dropped at the end of the session."""
+    name = f"dpone_test_{uuid.uuid4().hex[:8]}"
+    admin = psycopg2.connect(host=PG_HOST, port=PG_PORT, user=PG_USER, dbname="postgres")
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"')
+    kwargs = {"host": PG_HOST, "port": PG_PORT, "user": PG_USER, "dbname": name}
+    try:
+        yield kwargs
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+@pytest.fixture
+def kafka_env(broker, monkeypatch) -> dict[str, str]:
+    """Environment for connection_id kafka_cluster pointing at the embedded broker."""
+    env = {"KAFKA_CLUSTER_BOOTSTRAP_SERVERS": broker.bootstrap_servers}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
+@pytest.fixture
+def pg_env(pg_database, monkeypatch) -> dict[str, str]:
+    """Environment for connection_id postgres_state pointing at the session database."""
+    env = {
+        "POSTGRES_STATE_HOST": PG_HOST,
+        "POSTGRES_STATE_PORT": str(PG_PORT),
+        "POSTGRES_STATE_USER": PG_USER,
+        "POSTGRES_STATE_DATABASE": pg_database["dbname"],
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
+# --------------------------------------------------------------------------- kafka helpers
+
+
+def unique_topic(prefix: str = "t") -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1, config=config or {})])[topic].result(timeout=30)
+
+
+def produce_json(
+    bootstrap: str,
+    topic: str,
+    rows: list[Any],
+    partition: int | None = None,
+    key: Any = None,
+    timestamps: list[int] | None = None,
+    linger_ms: int = 5,
+) -> None:
+    """Produce rows (dicts become JSON, None a tombstone); key may be a callable of the row."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": linger_ms})
+    for i, row in enumerate(rows):
+        value = None if row is None else json.dumps(row).encode() if not isinstance(row, bytes) else row
+        k = key(row) if callable(key) else key
+        kwargs: dict[str, Any] = {"value": value}
+        if k is not None:
+            kwargs["key"] = k if isinstance(k, bytes) else str(k).encode()
+        if partition is not None:
+            kwargs["partition"] = partition
+        if timestamps is not None:
+            kwargs["timestamp"] = timestamps[i]
+        producer.produce(topic, **kwargs)
+    assert producer.flush(30) == 0
+
+
+def consume_all(bootstrap: str, topic: str, timeout_s: float = 20.0) -> list[dict[str, Any]]:
+    """Every record of the topic (all partitions), read until each partition reports EOF."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex[:6]}",
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+            "allow.auto.create.topics": False,
+        }
+    )
+    partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    pending, out = set(partitions), []
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while pending and time.monotonic() < deadline:
+        for m in consumer.consume(1000, 0.5):
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    pending.discard(m.partition())
+                continue
+            out.append(
+                {
+                    "partition": m.partition(),
+                    "offset": m.offset(),
+                    "key": m.key().decode() if m.key() is not None else None,
+                    "value": json.loads(m.value()) if m.value() is not None else None,
+                    "headers": dict((k, v.decode()) for k, v in (m.headers() or [])),
+                    "timestamp": m.timestamp()[1],
+                }
+            )
+    consumer.close()
+    assert not pending, f"partitions {pending} of {topic} did not reach EOF"
+    return out
+
+
+def write_manifest(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
