@@ -97,6 +97,14 @@ def _key_and_delete_rules(m: Manifest) -> list[Problem]:
                 "cannot reproduce; use key.mode: unique_key",
             )
         )
+    if options.deletes.enabled and not options.deletes.tombstone and options.envelope == "flat":
+        out.append(
+            Problem(
+                "sink.options.deletes",
+                "a flat envelope has no field for the operation, so a delete would look like an upsert; "
+                "set deletes.tombstone: true, or use envelope: dpone (op: delete)",
+            )
+        )
     if options.deletes.tombstone and not options.deletes.enabled:
         out.append(
             Problem("sink.options.deletes.enabled", "deletes.tombstone: true needs deletes.enabled: true")
