@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -43,6 +44,9 @@ class RunRequest:
     # store has nothing (e.g. a fresh state database).
     fallback_offsets: dict[int, int] | None = None
     log: Log = field(default=lambda message: None)
+    # Resolves a manifest block's connection to librdkafka settings (the Dagster Kafka resource
+    # passes its own); defaults to the connections module.
+    kafka_config: Callable[[Any], dict[str, Any]] | None = None
 
 
 def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | None = None) -> RunResult:
@@ -108,9 +112,9 @@ def _run(
     result: RunResult,
 ) -> None:
     log = request.log
-    source_conn = resolve_kafka(manifest.source)
-    sink_conn = resolve_kafka(manifest.sink)
-    source = KafkaBatchSource(manifest, source_conn.client_config())
+    kafka_config = request.kafka_config or (lambda ref: resolve_kafka(ref).client_config())
+    sink_config = kafka_config(manifest.sink)
+    source = KafkaBatchSource(manifest, kafka_config(manifest.source))
     offsets = OffsetStorage(manifest, store, source.client_config, source.group_id)
 
     with _stage(result, "plan", log):
@@ -121,7 +125,7 @@ def _run(
         log(f"plan: {boundary.total} offsets in {len(boundary.ranges)} partition(s) of '{boundary.topic}'")
 
     with _stage(result, "preflight", log):
-        ensure_sink_topic(sink_conn.client_config(), manifest.sink.topic, manifest.sink.options.create_topic)
+        ensure_sink_topic(sink_config, manifest.sink.topic, manifest.sink.options.create_topic)
 
     staged: DataFrame | None = None
     try:
@@ -140,7 +144,7 @@ def _run(
         if result.rows_extracted == 0:
             log("extract: no new records; nothing to produce")
         else:
-            _shape_and_load(manifest, staged, int(counts["deletes"] or 0), sink_conn.client_config(), result, log)
+            _shape_and_load(manifest, staged, int(counts["deletes"] or 0), sink_config, result, log)
     finally:
         if staged is not None:
             staged.unpersist()

@@ -36,6 +36,9 @@ def load_manifest(path: str | Path) -> Manifest:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ManifestError(str(path), [Problem("<file>", f"cannot read the file: {exc.strerror}")]) from exc
+    except UnicodeDecodeError as exc:
+        problem = Problem("<file>", f"not UTF-8 text: {exc.reason} at byte {exc.start}")
+        raise ManifestError(str(path), [problem]) from exc
     return parse_manifest(text, source=str(path))
 
 
@@ -91,7 +94,8 @@ def _problem_from_error(err: dict[str, Any], data: dict[str, Any]) -> Problem:
             f"'{ctx.get('tag')}' is not supported; use one of {ctx.get('expected_tags')}",
         )
     if kind == "union_tag_not_found":
-        return Problem(path, f"missing `{err.get('ctx', {}).get('discriminator', 'type')}`; say which kind this is")
+        tag = str(err.get("ctx", {}).get("discriminator", "type")).strip(chr(39))
+        return Problem(path, f"missing `{tag}`; say which kind this is")
     message = err["msg"]
     if kind.startswith("literal_error"):
         message = f"{message} (got {err.get('input')!r})"

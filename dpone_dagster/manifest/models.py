@@ -7,6 +7,7 @@ rejected so that a typo never silently falls back to a default. Cross-field rule
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -332,7 +333,8 @@ class Manifest(StrictModel):
     @field_validator("name")
     @classmethod
     def _name_is_identifier(cls, value: str) -> str:
-        if not value.replace("_", "a").isalnum() or value[0].isdigit():
+        # ASCII only: Dagster rejects asset names outside ^[A-Za-z0-9_]+$ (str.isalnum accepts 'ï').
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
             raise ValueError(
                 "must contain only letters, digits and underscores and not start with a digit "
                 "(it becomes the Dagster asset key)"

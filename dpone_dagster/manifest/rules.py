@@ -7,6 +7,7 @@ all of them at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 
@@ -156,7 +157,11 @@ def _source_rules(m: Manifest) -> list[Problem]:
         out.append(
             Problem("source.options.max_records", "read_mode: max_records needs max_records: <count>")
         )
-    if options.start_timestamp and options.end_timestamp and options.start_timestamp >= options.end_timestamp:
+    if (
+        options.start_timestamp
+        and options.end_timestamp
+        and _utc(options.start_timestamp) >= _utc(options.end_timestamp)
+    ):
         out.append(
             Problem("source.options.end_timestamp", "end_timestamp must be later than start_timestamp")
         )
@@ -188,3 +193,8 @@ def _state_rules(m: Manifest) -> list[Problem]:
             )
         ]
     return []
+
+
+def _utc(value: datetime) -> datetime:
+    """A naive timestamp is UTC, as the Kafka source reads it (so naive and aware bounds compare)."""
+    return value if value.tzinfo else value.replace(tzinfo=UTC)

@@ -94,7 +94,9 @@ def _read_one_range(settings: ReaderSettings, topic: str, partition: int, start:
     timeout_s = settings.poll_timeout_ms / 1000
     try:
         while position < end:
-            messages = consumer.consume(num_messages=settings.batch_size, timeout=timeout_s)
+            # Ask for no more than the range still holds, so the last call returns at once.
+            wanted = max(1, min(settings.batch_size, end - position))
+            messages = consumer.consume(num_messages=wanted, timeout=timeout_s)
             progressed = False
             for message in messages:
                 err = message.error()

@@ -1,0 +1,119 @@
+"""Build Dagster assets from manifests: one asset per manifest (key = manifest name), with its
+source as an upstream external asset. Materializing the asset runs the shared engine."""
+
+
+from pathlib import Path
+from typing import Any
+
+from dagster import (
+    AssetExecutionContext,
+    AssetKey,
+    AssetSpec,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
+from dagster_pyspark import LazyPySparkResource
+
+from dpone_dagster.engine.results import RunResult
+from dpone_dagster.engine.run import RunRequest, run_pipeline
+from dpone_dagster.errors import DponeError
+from dpone_dagster.manifest.models import KafkaSource, Manifest
+from dpone_dagster.resources.kafka import KafkaResource
+
+COMMITTED_OFFSETS = "dpone/committed_offsets"
+
+
+def source_asset_key(manifest: Manifest) -> AssetKey:
+    source = manifest.source
+    if isinstance(source, KafkaSource):
+        return AssetKey(["kafka", source.topic])
+    return AssetKey([source.type, source.table.schema_, source.table.name])
+
+
+def source_asset_spec(manifest: Manifest) -> AssetSpec:
+    source = manifest.source
+    kind = "kafka" if isinstance(source, KafkaSource) else source.type
+    description = (
+        f"Kafka topic {source.topic} (read by dpone manifests)"
+        if isinstance(source, KafkaSource)
+        else f"{source.type} table {source.table.qualified}"
+    )
+    return AssetSpec(key=source_asset_key(manifest), description=description, kinds={kind}, group_name="sources")
+
+
+def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None):
+    """The asset that runs `manifest`. Its metadata names the sink topic it writes."""
+    sink = manifest.sink
+    description = manifest.description or (
+        f"{manifest.source.type} → Kafka topic {sink.topic} ({sink.strategy.mode}, {sink.options.message_format})"
+    )
+
+    @asset(
+        key=AssetKey([manifest.name]),
+        deps=[source_asset_key(manifest)],
+        description=description,
+        group_name="dpone",
+        kinds={"kafka", "spark"},
+        metadata={
+            "sink_topic": sink.topic,
+            "strategy": sink.strategy.mode,
+            "manifest": str(manifest_path) if manifest_path else manifest.name,
+        },
+    )
+    def _materialize(context: AssetExecutionContext, pyspark: LazyPySparkResource, kafka: KafkaResource) -> MaterializeResult:
+        request = RunRequest(
+            run_id=f"{context.run_id}-{context.retry_number}",
+            fallback_offsets=last_committed_offsets(context, manifest),
+            log=context.log.info,
+            kafka_config=kafka.client_config,
+        )
+        try:
+            result = run_pipeline(manifest, pyspark.spark_session, request)
+        except DponeError as exc:
+            raise Failure(description=str(exc)) from exc
+        return MaterializeResult(metadata=materialization_metadata(result))
+
+    return _materialize
+
+
+def last_committed_offsets(context: AssetExecutionContext, manifest: Manifest) -> dict[int, int] | None:
+    """Offsets the latest successful materialization recorded (used when the state store is empty)."""
+    event = context.instance.get_latest_materialization_event(AssetKey([manifest.name]))
+    materialization = event.asset_materialization if event else None
+    if materialization is None:
+        return None
+    value = materialization.metadata.get(COMMITTED_OFFSETS)
+    if value is None:
+        return None
+    data = value.value if hasattr(value, "value") else value
+    return {int(p): int(o) for p, o in dict(data).items()} or None
+
+
+def materialization_metadata(result: RunResult) -> dict[str, Any]:
+    """Numeric values so the UI plots them over time; offsets as JSON for later runs to read."""
+    total_s = sum(result.timings.values()) or 0.0
+    load_s = result.timings.get("load", 0.0)
+    metadata: dict[str, Any] = {
+        "dpone/run_id": result.run_id,
+        "rows_extracted": MetadataValue.int(result.rows_extracted),
+        "messages_produced": MetadataValue.int(result.messages_produced),
+        "tombstones": MetadataValue.int(result.tombstones),
+        "duplicates_removed": MetadataValue.int(result.duplicates_removed),
+        "bytes_produced": MetadataValue.int(result.bytes_produced),
+        "duration_s": MetadataValue.float(round(total_s, 3)),
+        "throughput_msgs_per_s": MetadataValue.float(
+            round(result.messages_produced / load_s, 1) if load_s > 0 else 0.0
+        ),
+        "offset_ranges": MetadataValue.json(result.offset_ranges),
+        COMMITTED_OFFSETS: MetadataValue.json({str(p): o for p, o in result.committed_offsets.items()}),
+        "sink_partitions": MetadataValue.json(result.sink_partitions),
+        "executors": MetadataValue.json(result.executors),
+    }
+    for stage, seconds in result.timings.items():
+        metadata[f"duration_{stage}_s"] = MetadataValue.float(seconds)
+    if result.notes:
+        metadata["notes"] = MetadataValue.md("\n".join(f"- {n}" for n in result.notes))
+    return metadata
+

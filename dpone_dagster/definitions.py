@@ -1,0 +1,42 @@
+"""The Dagster code location: every manifest in DPONE_MANIFESTS_DIR (default ./manifests) becomes
+an asset, with its source as an upstream external asset, plus the Spark, Kafka and Schema
+Registry resources. An invalid manifest fails the load with a message naming the file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dagster import Definitions, in_process_executor
+
+from dpone_dagster.assets.factory import build_manifest_asset, source_asset_spec
+from dpone_dagster.manifest import discover_manifests, load_manifest
+from dpone_dagster.resources import KafkaResource, SchemaRegistryResource, spark_resource
+
+
+def manifests_dir() -> Path:
+    return Path(os.environ.get("DPONE_MANIFESTS_DIR", "manifests"))
+
+
+def build_definitions(directory: str | Path | None = None) -> Definitions:
+    directory = Path(directory) if directory is not None else manifests_dir()
+    assets: list = []
+    sources: dict = {}
+    for path in discover_manifests(directory):
+        manifest = load_manifest(path)
+        assets.append(build_manifest_asset(manifest, path))
+        spec = source_asset_spec(manifest)
+        sources.setdefault(spec.key, spec)
+    return Definitions(
+        assets=[*sources.values(), *assets],
+        resources={
+            "pyspark": spark_resource(),
+            "kafka": KafkaResource(),
+            "schema_registry": SchemaRegistryResource(),
+        },
+        # One Spark session per run: steps run in the run's process.
+        executor=in_process_executor,
+    )
+
+
+defs = build_definitions()

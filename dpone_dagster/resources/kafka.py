@@ -1,0 +1,34 @@
+"""Kafka resource: resolves a manifest block's connection into librdkafka settings and clients."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient
+from dagster import ConfigurableResource
+
+from dpone_dagster.connections import ConnectionRefLike, resolve_kafka
+
+
+class KafkaResource(ConfigurableResource):
+    """`extra_config` is merged into every client's settings (e.g. timeouts for a slow network)."""
+
+    extra_config: dict[str, str] = {}
+
+    def client_config(self, ref: ConnectionRefLike) -> dict[str, Any]:
+        return {**resolve_kafka(ref).client_config(), **self.extra_config}
+
+    def admin(self, ref: ConnectionRefLike) -> AdminClient:
+        return AdminClient(self.client_config(ref))
+
+    def consumer(self, ref: ConnectionRefLike, group_id: str) -> Consumer:
+        return Consumer(
+            {
+                **self.client_config(ref),
+                "group.id": group_id,
+                "enable.auto.commit": False,
+                "allow.auto.create.topics": False,
+                "enable.partition.eof": True,
+            }
+        )

@@ -1,0 +1,29 @@
+"""Schema Registry resource: a Confluent-compatible client for a manifest block's connection.
+
+`mock://<scope>` URLs give confluent-kafka's in-memory registry (local runs and tests).
+"""
+
+from __future__ import annotations
+
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from dagster import ConfigurableResource
+
+from dpone_dagster.connections import ConnectionRefLike, resolve_kafka
+from dpone_dagster.errors import ConfigError
+
+
+class SchemaRegistryResource(ConfigurableResource):
+    """`url` overrides the connection's schema_registry_url when set."""
+
+    url: str | None = None
+
+    def client(self, ref: ConnectionRefLike) -> SchemaRegistryClient:
+        config = resolve_kafka(ref).schema_registry_config() or {}
+        if self.url:
+            config = {**config, "url": self.url}
+        if not config.get("url"):
+            raise ConfigError(
+                f"connection {ref.connection_id}: no schema_registry_url; set "
+                f"{ref.connection_id.upper()}_SCHEMA_REGISTRY_URL or the resource's url"
+            )
+        return SchemaRegistryClient(config)
