@@ -1126,6 +1126,8 @@ def test_discover_manifests_returns_only_yaml_sorted(tmp_path: Path) -> None:
         "x.yamlx",
         "y.yaml~",
         "schema.xml",
+        "data.y.xml",  # matched by the glob *.y*ml, refused by the suffix check
+        "page.yaml.html",
     ]:
         (tmp_path / name).write_text("name: x\n")
     (tmp_path / "nested").mkdir()

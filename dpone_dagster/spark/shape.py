@@ -13,6 +13,7 @@ A delete that came from a source tombstone carries no payload; its key is the so
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import reduce
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -56,13 +57,14 @@ def sink_key(df: DataFrame, sink: KafkaSink) -> DataFrame:
             raise ConfigError(
                 f"sink.strategy.unique_key: column(s) {missing} are not in the batch (columns: {payload})"
             )
-        if len(key_columns) == 1:
+        if not key_columns:
+            value = F.lit(None).cast("string")  # seed 001: no unique_key -> the fallback key is null
+        elif len(key_columns) == 1:
             value = F.col(key_columns[0]).cast("string")
         else:
             struct = F.struct(*[F.col(c) for c in key_columns])
-            value = F.when(
-                F.greatest(*[F.col(c).isNotNull() for c in key_columns]), F.to_json(struct, JSON_WRITE_OPTIONS)
-            )
+            any_set = reduce(lambda a, b: a | b, [F.col(c).isNotNull() for c in key_columns])
+            value = F.when(any_set, F.to_json(struct, JSON_WRITE_OPTIONS))
         source_key = F.col(C.SOURCE_KEY) if C.SOURCE_KEY in df.columns else F.lit(None).cast("binary")
         key = F.when(value.isNull() & (F.col(C.OP) == C.DELETE), source_key).otherwise(value.cast("binary"))
     return df.withColumn(KEY, key)
