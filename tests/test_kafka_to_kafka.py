@@ -13,7 +13,7 @@ import psycopg2
 import pytest
 from conftest import consume_all, create_topic, produce_json, unique_topic
 
-from dpone_dagster.engine.run import RunRequest, run_pipeline
+from dpone_dagster.engine.run import run_pipeline
 from dpone_dagster.errors import ConfigError, RunFailed
 from dpone_dagster.manifest import parse_manifest
 from dpone_dagster.state.local import LocalStateStore
