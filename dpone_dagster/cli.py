@@ -120,11 +120,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dpone_dagster.spark.session import get_spark
 
     manifest = load_manifest(args.manifest)
-    window = None
+    windows = None
     if args.start or args.end:
         if not (args.start and args.end):
             raise ConfigError("--start and --end go together")
-        window = TimeWindow(_utc(datetime.fromisoformat(args.start)), _utc(datetime.fromisoformat(args.end)))
+        try:
+            windows = [TimeWindow(_utc(datetime.fromisoformat(args.start)), _utc(datetime.fromisoformat(args.end)))]
+        except ValueError as exc:
+            raise ConfigError(f"--start/--end: {exc}; use ISO 8601, e.g. 2024-05-01T00:00:00Z") from None
     quiet = args.format == "json"
 
     def log(message: str) -> None:
@@ -133,7 +136,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     spark = get_spark()
     try:
-        result = run_pipeline(manifest, spark, RunRequest(window=window, log=log))
+        result = run_pipeline(manifest, spark, RunRequest(windows=windows, log=log))
     except RunFailed as exc:
         if quiet:
             print(json.dumps({"status": "failed", "pipeline": manifest.name, "error": redact_known_secrets(str(exc))}))
@@ -235,10 +238,14 @@ def _parse_offsets(values: list[str]) -> dict[int, int]:
     out: dict[int, int] = {}
     for value in values:
         try:
-            partition, offset = value.split("=", 1)
-            out[int(partition)] = int(offset)
+            partition, offset = (int(part) for part in value.split("=", 1))
+            if partition < 0 or offset < 0:
+                raise ValueError(value)
+            out[partition] = offset
         except ValueError:
-            raise ConfigError(f"--offset {value!r}: expected PARTITION=OFFSET, e.g. --offset 0=1200") from None
+            raise ConfigError(
+                f"--offset {value!r}: expected PARTITION=OFFSET (both >= 0), e.g. --offset 0=1200"
+            ) from None
     return out
 
 

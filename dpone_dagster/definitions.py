@@ -12,6 +12,7 @@ from dagster import Definitions, in_process_executor
 from dpone_dagster.assets.factory import build_manifest_asset, source_asset_spec
 from dpone_dagster.manifest import discover_manifests, load_manifest
 from dpone_dagster.resources import KafkaResource, SchemaRegistryResource, spark_resource
+from dpone_dagster.sensors import build_source_sensor
 
 
 def manifests_dir() -> Path:
@@ -21,14 +22,19 @@ def manifests_dir() -> Path:
 def build_definitions(directory: str | Path | None = None) -> Definitions:
     directory = Path(directory) if directory is not None else manifests_dir()
     assets: list = []
+    sensors: list = []
     sources: dict = {}
     for path in discover_manifests(directory):
         manifest = load_manifest(path)
         assets.append(build_manifest_asset(manifest, path))
+        source_sensor = build_source_sensor(manifest)
+        if source_sensor is not None:
+            sensors.append(source_sensor)
         spec = source_asset_spec(manifest)
         sources.setdefault(spec.key, spec)
     return Definitions(
         assets=[*sources.values(), *assets],
+        sensors=sensors,
         resources={
             "pyspark": spark_resource(),
             "kafka": KafkaResource(),

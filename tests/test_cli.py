@@ -168,6 +168,7 @@ def test_plan_json_has_concrete_offsets_and_is_read_only(broker, kafka_env, tmp_
     assert plan["state"] == {"type": "local", "path": str(tmp_path / "state")}
     assert plan["quality"]["mode"] == "warn"
     assert plan["quality"]["checks"] == [{"type": "min_rows", "threshold": 1}]
+    assert not (tmp_path / "state").exists()  # the probe did not create the state store
 
     # Stored offsets move the start of the plan.
     assert main(["state", "reset", str(path), "--offset", "0=3", "--yes"]) == 0
@@ -230,6 +231,7 @@ def test_plan_with_unreachable_broker_renders_and_hides_secrets(no_kafka_env, mo
     assert boundary["reachable"] is False
     assert "cannot reach the Kafka cluster" in boundary["reason"]
     assert secret not in json.dumps(plan) + err
+    assert not (tmp_path / "state").exists()
 
     from dpone_dagster.engine.plan import render_markdown
 
@@ -341,6 +343,8 @@ def test_run_config_errors_exit_2(broker, spark, kafka_env, monkeypatch, tmp_pat
     assert "source: required field is missing" in capsys.readouterr().err
     assert main(["run", str(path), "--start", "2024-01-01T00:00:00"]) == 2
     assert "--start and --end go together" in capsys.readouterr().err
+    assert main(["run", str(path), "--start", "yesterday", "--end", "today"]) == 2
+    assert "use ISO 8601" in capsys.readouterr().err
 
     monkeypatch.setenv("KAFKA_CLUSTER_BOOTSTRAP_SERVERS", bootstrap)
     assert consume_all(bootstrap, src) and dst not in _topics(bootstrap)
@@ -414,6 +418,8 @@ def test_state_reset_clears_and_sets_offsets_and_runs_follow(broker, spark, kafk
     assert show() == {"0": 10, "1": 10}
     assert main(["state", "reset", str(path), "--offset", "0:5", "--yes"]) == 2
     assert "expected PARTITION=OFFSET" in capsys.readouterr().err
+    assert main(["state", "reset", str(path), "--offset", "0=-1", "--yes"]) == 2
+    assert "(both >= 0)" in capsys.readouterr().err
     assert show() == {"0": 10, "1": 10}
 
     # --yes: cleared; the next run starts from earliest again.

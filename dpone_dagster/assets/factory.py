@@ -2,6 +2,7 @@
 source as an upstream external asset. Materializing the asset runs the shared engine."""
 
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ from dagster import (
     AssetExecutionContext,
     AssetKey,
     AssetSpec,
+    BackfillPolicy,
     Failure,
     MaterializeResult,
     MetadataValue,
@@ -16,11 +18,13 @@ from dagster import (
 )
 from dagster_pyspark import LazyPySparkResource
 
+from dpone_dagster.assets.partitions import is_closed, partition_settings, partitions_def_for, window_for_key
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.run import RunRequest, run_pipeline
 from dpone_dagster.errors import DponeError
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.resources.kafka import KafkaResource
+from dpone_dagster.sources.kafka import TimeWindow
 
 COMMITTED_OFFSETS = "dpone/committed_offsets"
 
@@ -50,22 +54,31 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None):
         f"{manifest.source.type} → Kafka topic {sink.topic} ({sink.strategy.mode}, {sink.options.message_format})"
     )
 
+    partitions_def = partitions_def_for(manifest)
+
     @asset(
         key=AssetKey([manifest.name]),
         deps=[source_asset_key(manifest)],
         description=description,
-        group_name="dpone",
+        group_name=manifest.dagster.group_name,
         kinds={"kafka", "spark"},
         metadata={
             "sink_topic": sink.topic,
             "strategy": sink.strategy.mode,
             "manifest": str(manifest_path) if manifest_path else manifest.name,
         },
+        partitions_def=partitions_def,
+        # A range backfill reads all its windows in one run; offsets are recorded per key.
+        backfill_policy=BackfillPolicy.single_run() if partitions_def else None,
+        # One slot per pipeline: two runs of the same manifest never overlap.
+        pool=f"dpone_{manifest.name}",
     )
     def _materialize(context: AssetExecutionContext, pyspark: LazyPySparkResource, kafka: KafkaResource) -> MaterializeResult:
+        keys, windows = _partition_windows(context, manifest)
         request = RunRequest(
             run_id=f"{context.run_id}-{context.retry_number}",
-            fallback_offsets=last_committed_offsets(context, manifest),
+            windows=windows,
+            fallback_offsets=None if windows else last_committed_offsets(context, manifest),
             log=context.log.info,
             kafka_config=kafka.client_config,
         )
@@ -73,9 +86,32 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None):
             result = run_pipeline(manifest, pyspark.spark_session, request)
         except DponeError as exc:
             raise Failure(description=str(exc)) from exc
-        return MaterializeResult(metadata=materialization_metadata(result))
+        metadata = materialization_metadata(result)
+        if keys:
+            by_key = {key: w["partitions"] for key, w in zip(keys, result.boundary.get("windows", []), strict=True)}
+            metadata["offset_ranges_by_partition"] = MetadataValue.json(by_key)
+        return MaterializeResult(metadata=metadata)
 
     return _materialize
+
+
+def _partition_windows(context: AssetExecutionContext, manifest: Manifest) -> tuple[list[str], list[TimeWindow] | None]:
+    """The run's partition keys and their windows; refuses windows that are not closed yet."""
+    settings = partition_settings(manifest)
+    if settings is None or not (context.has_partition_key or context.has_partition_key_range):
+        return [], None
+    partitions_def = context.assets_def.partitions_def
+    keys = list(context.partition_keys)
+    windows = [window_for_key(partitions_def, key) for key in keys]
+    now = datetime.now(UTC)
+    open_keys = [k for k, w in zip(keys, windows, strict=True) if not is_closed(w, settings, now)]
+    if open_keys:
+        raise Failure(
+            description=f"window(s) {open_keys} are not closed yet (allowed lateness "
+            f"{settings.allowed_lateness_seconds}s); run them after they end, or raise "
+            "source.options.partitions.allowed_lateness_seconds"
+        )
+    return keys, windows
 
 
 def last_committed_offsets(context: AssetExecutionContext, manifest: Manifest) -> dict[int, int] | None:

@@ -7,6 +7,7 @@ read now; otherwise it says why they are missing. Nothing is produced and no sta
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from dpone_dagster.connections import resolve_kafka
@@ -128,11 +129,15 @@ def _probe_boundary(manifest: Manifest) -> dict[str, Any]:
         from dpone_dagster.engine.run import open_manifest_state_store
 
         source = KafkaBatchSource(manifest, resolve_kafka(manifest.source).client_config())
-        store = open_manifest_state_store(manifest)
-        try:
-            stored = OffsetStorage(manifest, store, source.client_config, source.group_id).load()
-        finally:
-            store.close()
+        state = manifest.state
+        if source.options.offset_storage == "dpone" and state.type == "local" and not Path(state.path).exists():
+            stored: dict[int, int] = {}  # nothing stored yet; opening the store would create its directory
+        else:
+            store = open_manifest_state_store(manifest)
+            try:
+                stored = OffsetStorage(manifest, store, source.client_config, source.group_id).load()
+            finally:
+                store.close()
         return {"reachable": True, **source.plan(stored).as_dict()}
     except DponeError as exc:
         return {"reachable": False, "reason": str(exc)}

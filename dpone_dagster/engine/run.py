@@ -39,7 +39,8 @@ class RunRequest:
     """What a caller can vary about one run of a manifest."""
 
     run_id: str | None = None
-    window: TimeWindow | None = None
+    # time_window: contiguous windows in order (one per Dagster partition key of the run).
+    windows: list[TimeWindow] | None = None
     # Offsets recorded by the last successful Dagster materialization, used when the state
     # store has nothing (e.g. a fresh state database).
     fallback_offsets: dict[int, int] | None = None
@@ -132,7 +133,7 @@ def _run(
 
     with _stage(result, "plan", log):
         stored = offsets.load(request.fallback_offsets)
-        boundary = source.plan(stored, request.window)
+        boundary = source.plan(stored, request.windows)
         result.boundary = boundary.as_dict()
         result.notes.extend(boundary.notes)
         log(f"plan: {boundary.total} offsets in {len(boundary.ranges)} partition(s) of '{boundary.topic}'")
@@ -164,11 +165,12 @@ def _run(
 
     with _stage(result, "commit", log):
         end_offsets = boundary.end_offsets
-        advance = manifest.sink.strategy.mode != "replace"
+        # A time window or a replaced slice is addressed by its bounds, not by a cursor.
+        advance = boundary.method != "time_window" and manifest.sink.strategy.mode != "replace"
         result.committed_offsets = end_offsets if advance else {}
         result.status = "success"
         offsets.commit(_record(record, result, "success"), end_offsets if advance else None)
-        log(f"commit: offsets {result.committed_offsets or 'unchanged (replace)'}")
+        log(f"commit: offsets {result.committed_offsets or 'unchanged (' + boundary.method + ')'}")
 
 
 def _shape_and_load(

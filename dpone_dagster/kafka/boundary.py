@@ -38,6 +38,8 @@ class Boundary:
     method: str  # offsets | max_records | time_window | full
     ranges: tuple[PartitionRange, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # time_window only: per window {start, end, partitions: [{partition, start, end}]}, contiguous.
+    windows: tuple[dict, ...] = field(default_factory=tuple)
 
     @property
     def total(self) -> int:
@@ -55,6 +57,7 @@ class Boundary:
             "partitions": [r.as_dict() for r in self.ranges],
             "offsets_in_range": self.total,
             "notes": list(self.notes),
+            **({"windows": list(self.windows)} if self.windows else {}),
         }
 
 

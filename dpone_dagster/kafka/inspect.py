@@ -96,6 +96,28 @@ class RecordProbe:
             self._cache[key] = self._read_one(partition, offset)
         return self._cache[key]
 
+    def timestamps(self, partition: int, start: int, end: int) -> list[tuple[int, int]]:
+        """(offset, timestamp_ms) of the records in [start, end)."""
+        self._consumer.assign([TopicPartition(self._topic, partition, start)])
+        out: list[tuple[int, int]] = []
+        deadline = time.monotonic() + self._timeout_s
+        try:
+            while time.monotonic() < deadline:
+                for message in self._consumer.consume(num_messages=max(1, end - start), timeout=0.5):
+                    err = message.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            return out
+                        raise RunFailed(f"{self._topic}[{partition}]@{start}: fetch failed: {err}")
+                    if message.offset() >= end:
+                        return out
+                    out.append((message.offset(), message.timestamp()[1]))
+                    if message.offset() == end - 1:
+                        return out
+        finally:
+            self._consumer.unassign()
+        raise RunFailed(f"{self._topic}[{partition}]@{start}: no answer within {self._timeout_s}s")
+
     def _read_one(self, partition: int, offset: int) -> tuple[int, int] | None:
         self._consumer.assign([TopicPartition(self._topic, partition, offset)])
         deadline = time.monotonic() + self._timeout_s
@@ -141,8 +163,26 @@ def offsets_for_timestamp(
         if _is_boundary(probe, p, wm, candidate, timestamp_ms):
             result[p] = candidate
         else:
-            result[p] = _binary_search(probe, p, wm, timestamp_ms)
+            found = _binary_search(probe, p, wm, timestamp_ms)
+            result[p] = _refine_backwards(probe, p, wm, found, timestamp_ms)
     return result
+
+
+# Records read behind a binary-search answer to catch late (out-of-order) timestamps near it.
+REFINE_WINDOW = 500
+
+
+def _refine_backwards(probe: RecordProbe, partition: int, wm: Watermarks, offset: int, ts: int) -> int:
+    """Kafka's index semantics: the boundary is the first offset whose running maximum timestamp
+    reaches `ts`. Binary search assumes order; a record >= ts shortly before its answer (a late
+    record sat on a probe point) moves the boundary back to that record."""
+    start = max(wm.low, offset - REFINE_WINDOW)
+    if start >= offset:
+        return offset
+    for found_offset, found_ts in probe.timestamps(partition, start, offset):
+        if found_ts >= ts:
+            return found_offset
+    return offset
 
 
 def _is_boundary(probe: RecordProbe, partition: int, wm: Watermarks, offset: int, ts: int) -> bool:

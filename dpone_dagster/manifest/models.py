@@ -318,6 +318,24 @@ class ObservabilityConfig(StrictModel):
     artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
 
 
+# --------------------------------------------------------------------------- dagster
+
+
+class SensorOptions(StrictModel):
+    """The sensor that watches the source topic and requests runs."""
+
+    enabled: bool = True
+    # Offsets mode: request a run once this many messages wait beyond the stored offsets.
+    min_new_messages: int = Field(default=1, gt=0)
+    minimum_interval_seconds: int = Field(default=60, gt=0)
+    running_by_default: bool = False
+
+
+class DagsterOptions(StrictModel):
+    group_name: str = "dpone"
+    sensor: SensorOptions = Field(default_factory=SensorOptions)
+
+
 # --------------------------------------------------------------------------- manifest
 
 
@@ -329,6 +347,7 @@ class Manifest(StrictModel):
     state: StateConfig = Field(default_factory=StateConfig)
     quality: QualityConfig = Field(default_factory=QualityConfig)
     observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig)
+    dagster: DagsterOptions = Field(default_factory=DagsterOptions)
 
     @field_validator("name")
     @classmethod

@@ -5,7 +5,12 @@
 
 from __future__ import annotations
 
-from confluent_kafka.schema_registry import SchemaRegistryClient
+import warnings
+
+with warnings.catch_warnings():
+    # confluent-kafka's registry client imports authlib's deprecated httpx integration.
+    warnings.filterwarnings("ignore", message="The httpx module is deprecated")
+    from confluent_kafka.schema_registry import SchemaRegistryClient
 from dagster import ConfigurableResource
 
 from dpone_dagster.connections import ConnectionRefLike, resolve_kafka

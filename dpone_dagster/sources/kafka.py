@@ -71,21 +71,25 @@ class KafkaBatchSource:
 
     # ----------------------------------------------------------------------- plan
 
-    def plan(self, stored: dict[int, int], window: TimeWindow | None = None) -> Boundary:
-        """Fix [start, end) per partition before anything is read (retries read the same offsets)."""
+    def plan(self, stored: dict[int, int], windows: list[TimeWindow] | None = None) -> Boundary:
+        """Fix [start, end) per partition before anything is read (retries read the same offsets).
+
+        `windows` (contiguous, in order) come from Dagster partitions; otherwise the manifest's
+        start/end timestamps apply to read_mode time_window.
+        """
         consumer = inspect.make_consumer(self.client_config, self.group_id)
         try:
             partitions = inspect.topic_partitions(consumer, self.topic)
             watermarks = inspect.verified_watermarks(consumer, self.topic, partitions)
             strategy = self.manifest.sink.strategy.mode
-            window = window or self._manifest_window()
-            if self.options.read_mode == "time_window" or (window is not None and strategy == "replace"):
-                if window is None:
+            windows = windows or self._manifest_windows()
+            if self.options.read_mode == "time_window" or (windows and strategy == "replace"):
+                if not windows:
                     raise ConfigError(
                         "source.options: read_mode time_window needs start_timestamp and end_timestamp "
                         "(or a Dagster partition)"
                     )
-                return self._plan_window(consumer, watermarks, window)
+                return self._plan_windows(consumer, watermarks, windows)
             start_from = self.options.start_from
             if strategy in ("full_refresh", "replace"):
                 start_from = "earliest" if start_from == "stored" else start_from
@@ -97,19 +101,50 @@ class KafkaBatchSource:
         finally:
             consumer.close()
 
-    def _manifest_window(self) -> TimeWindow | None:
+    def _manifest_windows(self) -> list[TimeWindow]:
         o = self.options
         if o.start_timestamp and o.end_timestamp:
-            return TimeWindow(_utc(o.start_timestamp), _utc(o.end_timestamp))
-        return None
+            return [TimeWindow(_utc(o.start_timestamp), _utc(o.end_timestamp))]
+        return []
 
-    def _plan_window(self, consumer: Any, watermarks: dict, window: TimeWindow) -> Boundary:
+    def _plan_windows(self, consumer: Any, watermarks: dict, windows: list[TimeWindow]) -> Boundary:
+        """One lookup per window edge; window i reads [offset(edge i), offset(edge i+1))."""
         probe = inspect.RecordProbe(consumer, self.topic)
-        starts = inspect.offsets_for_timestamp(consumer, probe, self.topic, watermarks, window.start_ms)
-        ends = inspect.offsets_for_timestamp(consumer, probe, self.topic, watermarks, window.end_ms)
-        ranges = tuple(PartitionRange(p, starts[p], max(starts[p], ends[p])) for p in sorted(watermarks))
-        notes = (f"window [{window.start.isoformat()}, {window.end.isoformat()})",)
-        return Boundary(self.topic, "time_window", ranges, notes)
+        edges = [windows[0].start_ms, *(w.end_ms for w in windows)]
+        at_edge = [inspect.offsets_for_timestamp(consumer, probe, self.topic, watermarks, ms) for ms in edges]
+        notes = list(self._retention_notes(probe, watermarks, windows[0]))
+        per_window = []
+        for i, window in enumerate(windows):
+            ranges = [
+                {"partition": p, "start": at_edge[i][p], "end": max(at_edge[i][p], at_edge[i + 1][p])}
+                for p in sorted(watermarks)
+            ]
+            per_window.append({"start": window.start.isoformat(), "end": window.end.isoformat(), "partitions": ranges})
+        ranges = tuple(
+            PartitionRange(p, at_edge[0][p], max(at_edge[0][p], at_edge[-1][p])) for p in sorted(watermarks)
+        )
+        notes.append(f"window [{windows[0].start.isoformat()}, {windows[-1].end.isoformat()})")
+        return Boundary(self.topic, "time_window", ranges, tuple(notes), tuple(per_window))
+
+    def _retention_notes(self, probe: inspect.RecordProbe, watermarks: dict, window: TimeWindow) -> list[str]:
+        """A window that starts before the oldest retained record may have lost data to retention."""
+        gaps = []
+        for p, wm in sorted(watermarks.items()):
+            if wm.low == 0:
+                continue  # nothing was ever removed from this partition
+            first = probe.first_at_or_after(p, wm.low)
+            if first is not None and first[1] > window.start_ms:
+                gaps.append(p)
+        if not gaps:
+            return []
+        settings = self.options.partitions
+        message = (
+            f"window starting {window.start.isoformat()} is older than the oldest retained record of "
+            f"'{self.topic}' partitions {gaps} (retention removed records); the window may be incomplete"
+        )
+        if settings is None or settings.on_retention_gap == "fail":
+            raise RunFailed(message + "; set source.options.partitions.on_retention_gap: warn to run it anyway")
+        return [f"warning: {message}"]
 
     # ----------------------------------------------------------------------- extract
 

@@ -1,0 +1,59 @@
+"""How far a Kafka source's stored offsets are behind the topic (read-only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dpone_dagster.engine.offsets import OffsetStorage
+from dpone_dagster.kafka import inspect
+from dpone_dagster.manifest.models import KafkaSource, Manifest
+from dpone_dagster.sources.kafka import default_group_id
+
+
+@dataclass(frozen=True)
+class SourceLag:
+    topic: str
+    low: dict[int, int]
+    high: dict[int, int]
+    stored: dict[int, int]
+
+    def start(self, partition: int) -> int:
+        return self.stored.get(partition, self.low[partition])
+
+    @property
+    def new_messages(self) -> int:
+        return sum(max(0, self.high[p] - self.start(p)) for p in self.high)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "high_watermarks": {str(p): o for p, o in sorted(self.high.items())},
+            "stored_offsets": {str(p): o for p, o in sorted(self.stored.items())},
+            "lag_messages": self.new_messages,
+        }
+
+
+def source_lag(manifest: Manifest, client_config: dict[str, Any]) -> SourceLag:
+    from dpone_dagster.engine.run import open_manifest_state_store
+
+    source = manifest.source
+    assert isinstance(source, KafkaSource)
+    group_id = default_group_id(manifest)
+    consumer = inspect.make_consumer(client_config, group_id)
+    try:
+        partitions = inspect.topic_partitions(consumer, source.topic)
+        watermarks = inspect.verified_watermarks(consumer, source.topic, partitions)
+    finally:
+        consumer.close()
+    store = open_manifest_state_store(manifest)
+    try:
+        stored = OffsetStorage(manifest, store, client_config, group_id).load()
+    finally:
+        store.close()
+    return SourceLag(
+        source.topic,
+        {p: w.low for p, w in watermarks.items()},
+        {p: w.high for p, w in watermarks.items()},
+        stored,
+    )

@@ -1,0 +1,1 @@
+"""Run artifacts and metrics files written under observability.artifacts.path."""
