@@ -10,7 +10,8 @@ from pathlib import Path
 from dagster import Definitions, in_process_executor
 
 from dpone_dagster.assets.factory import build_manifest_asset, source_asset_spec
-from dpone_dagster.manifest import discover_manifests, load_manifest
+from dpone_dagster.manifest import ManifestError, discover_manifests, load_manifest
+from dpone_dagster.manifest.rules import Problem
 from dpone_dagster.resources import KafkaResource, SchemaRegistryResource, spark_resource
 from dpone_dagster.sensors import build_source_sensor
 
@@ -24,8 +25,13 @@ def build_definitions(directory: str | Path | None = None) -> Definitions:
     assets: list = []
     sensors: list = []
     sources: dict = {}
+    names: dict[str, Path] = {}
     for path in discover_manifests(directory):
         manifest = load_manifest(path)
+        if manifest.name in names:  # the asset key: Dagster would only say "Duplicate asset key"
+            fix = f"'{manifest.name}' is also the name of {names[manifest.name]}; give each manifest its own name"
+            raise ManifestError(str(path), [Problem("name", fix)])
+        names[manifest.name] = path
         assets.append(build_manifest_asset(manifest, path))
         source_sensor = build_source_sensor(manifest)
         if source_sensor is not None:

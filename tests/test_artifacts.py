@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -60,20 +61,26 @@ def gate(passed: bool = True) -> CheckResult:
         observed=0 if passed else 1,
         threshold=0,
         description="null values",
-        failing_sample=() if passed else ({"order_id": None, "amount": __import__("decimal").Decimal("1.50")},),
+        failing_sample=() if passed else ({"order_id": None, "amount": Decimal("1.50")},),
     )
 
 
 def test_run_json_and_plan_md(tmp_path: Path):
     run_dir = write_run_artifact(
-        str(tmp_path), run_result(schema_evolution=[{"action": "add_column", "column": "note"}]), PLAN, [gate(False)]
+        str(tmp_path),
+        run_result(schema_evolution=[{"action": "add_column", "column": "note"}]),
+        PLAN,
+        [gate(False)],
     )
     assert run_dir == tmp_path / "run1"
     assert sorted(p.name for p in run_dir.iterdir()) == ["plan.md", "run.json"]  # no temp files left
     assert (run_dir / "plan.md").read_text() == PLAN
     data = json.loads((run_dir / "run.json").read_text())
     assert (data["pipeline"], data["run_id"], data["status"]) == ("orders", "run1", "success")
-    assert (data["started_at"], data["finished_at"]) == ("2025-06-01T12:00:00+00:00", "2025-06-01T12:00:05+00:00")
+    assert (data["started_at"], data["finished_at"]) == (
+        "2025-06-01T12:00:00+00:00",
+        "2025-06-01T12:00:05+00:00",
+    )
     assert data["timings"] == {"plan": 0.2, "extract": 1.5, "shape": 0.3, "load": 2.0, "commit": 0.1}
     assert data["boundary"]["partitions"] == [
         {"partition": 0, "start": 10, "end": 25, "offsets": 15},
@@ -88,7 +95,9 @@ def test_run_json_and_plan_md(tmp_path: Path):
     }
     assert data["bytes"] == {"produced": 4096}
     assert data["committed_offsets"] == {"0": 25, "1": 5}
-    assert data["gates"] == [gate(False).as_dict()] and data["gates"][0]["failing_sample"][0]["amount"] == "1.50"
+    assert (
+        data["gates"] == [gate(False).as_dict()] and data["gates"][0]["failing_sample"][0]["amount"] == "1.50"
+    )
     assert data["schema_evolution"] == [{"action": "add_column", "column": "note"}]
     assert data["errors"] == [] and data["notes"] == ["a note"]
     assert "extra" not in data  # offset_ranges (derived) is not carried twice
@@ -137,6 +146,15 @@ def test_secrets_never_reach_artifacts(tmp_path: Path):
     ]
 
 
+def test_secrets_that_json_escapes_are_redacted(tmp_path: Path):
+    secret = f'q"{uuid.uuid4().hex}\\x'
+    SECRETS.add(secret)
+    run_dir = write_run_artifact(tmp_path, run_result(error=f"bad {secret}"), PLAN, [])
+    text = (run_dir / "run.json").read_text()
+    assert secret not in text and json.dumps(secret)[1:-1] not in text
+    assert json.loads(text)["errors"] == [f"bad {MASK}"]
+
+
 def test_metrics_file(tmp_path: Path):
     metrics = build_metrics(run_result(), lag_before={0: 15, 1: 5}, lag_after=0)
     path = write_metrics(tmp_path, "run1", metrics)
@@ -167,22 +185,23 @@ def test_metrics_file(tmp_path: Path):
 
 def test_list_and_show_runs(tmp_path: Path):
     assert list_runs(tmp_path / "missing") == []
-    write_run_artifact(tmp_path, run_result("old", started_at="2025-06-01T08:00:00+00:00"), PLAN, [])
+    write_run_artifact(tmp_path, run_result("old", started_at="2025-06-01T09:00:00+00:00"), PLAN, [])
+    # 10:30Z: newer than "old", though its text sorts before it (times are compared, not strings).
     write_run_artifact(
         tmp_path,
-        run_result("new", started_at="2025-06-01T10:00:00+02:00", status="failed", rows_extracted=3),
+        run_result("new", started_at="2025-06-01T08:30:00-02:00", status="failed", rows_extracted=3),
         PLAN,
         [],
-    )  # 08:00Z: newer than "old" only by time zone-aware comparison? No: equal instant + later tie-break below
+    )
     write_run_artifact(tmp_path, run_result("newest", started_at="2025-06-02T00:00:00+00:00"), PLAN, [])
     (tmp_path / "incomplete").mkdir()  # no run.json: not a run
     runs = list_runs(tmp_path)
-    assert [r["run_id"] for r in runs] == ["newest", "old", "new"]
-    assert runs[2] == {
+    assert [r["run_id"] for r in runs] == ["newest", "new", "old"]
+    assert runs[1] == {
         "run_id": "new",
         "status": "failed",
         "pipeline": "orders",
-        "started_at": "2025-06-01T10:00:00+02:00",
+        "started_at": "2025-06-01T08:30:00-02:00",
         "finished_at": "2025-06-01T12:00:05+00:00",
         "rows": 3,
         "messages": 18,
@@ -193,7 +212,9 @@ def test_list_and_show_runs(tmp_path: Path):
     assert shown["run_id"] == "old" and shown["metrics"] == {"rows": 20}
     assert "metrics" not in show_run(tmp_path, "newest")
 
-    with pytest.raises(ConfigError, match=r"no run artifact 'nope' .*available run ids \(newest first\): newest, old, new"):
+    with pytest.raises(
+        ConfigError, match=r"no run artifact 'nope' .*available run ids \(newest first\): newest, new, old"
+    ):
         show_run(tmp_path, "nope")
     with pytest.raises(ConfigError, match="no runs are recorded there"):
         show_run(tmp_path / "empty", "nope")

@@ -356,6 +356,7 @@ def _topics(bootstrap: str) -> set[str]:
     return set(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics)
 
 
+@pytest.mark.slow
 def test_batch_run_alias_through_console_script(broker, tmp_path):
     """`dpone batch run` in a fresh process: its own Spark session, the installed entry point."""
     bootstrap = broker.bootstrap_servers

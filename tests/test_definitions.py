@@ -16,7 +16,7 @@ from conftest import consume_all, create_topic, produce_json, unique_topic, writ
 from dagster import AssetKey, DagsterInstance, Definitions, materialize
 from dagster_pyspark import LazyPySparkResource
 
-from dpone_dagster.assets.factory import COMMITTED_OFFSETS, build_manifest_asset
+from dpone_dagster.assets.factory import COMMITTED_OFFSETS, SOURCE_TOPIC, build_manifest_asset
 from dpone_dagster.definitions import build_definitions
 from dpone_dagster.manifest import ManifestError, load_manifest
 from dpone_dagster.resources import KafkaResource, SchemaRegistryResource
@@ -132,6 +132,16 @@ def test_an_invalid_manifest_fails_the_load_naming_file_and_field(tmp_path):
     assert "sink.strategy.unique_kye" in message and "did you mean 'unique_key'" in message
 
 
+def test_two_manifests_with_one_name_fail_the_load_naming_both_files(tmp_path):
+    first = write_manifest(tmp_path / "a.yaml", manifest_yaml("same_pipe", "a", "b", tmp_path / "state"))
+    second = write_manifest(tmp_path / "b.yaml", manifest_yaml("same_pipe", "c", "d", tmp_path / "state"))
+    with pytest.raises(ManifestError) as info:
+        build_definitions(tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"{second}: invalid manifest")
+    assert f"name: 'same_pipe' is also the name of {first}" in message
+
+
 # --------------------------------------------------------------------------- materialize
 
 
@@ -161,6 +171,7 @@ def test_materialize_runs_the_engine_and_later_runs_trust_dagster_metadata(broke
     ]
     assert meta[COMMITTED_OFFSETS] == {"0": 10, "1": 10}
     assert meta["dpone/run_id"] == f"{first.run_id}-0"
+    assert meta[SOURCE_TOPIC] == src
     out = consume_all(bootstrap, dst)
     assert sorted(int(r["key"]) for r in out) == [*range(10), *range(100, 110)]
     assert {int(r["key"]): r["value"]["amount"] for r in out}[107] == 214.0
@@ -197,6 +208,28 @@ def test_materialize_runs_the_engine_and_later_runs_trust_dagster_metadata(broke
     assert latest is not None and latest.run_id == third.run_id
 
 
+def test_metadata_offsets_of_another_topic_are_not_used(broker, spark, kafka_env, tmp_path):
+    """Pointing a manifest at a new topic must not start it from the old topic's offsets."""
+    bootstrap = broker.bootstrap_servers
+    old, new, dst = unique_topic("dgt_old"), unique_topic("dgt_new"), unique_topic("dgt_dst")
+    create_topic(bootstrap, old, 1)
+    create_topic(bootstrap, new, 1)
+    produce_json(bootstrap, old, orders(range(8)))
+    produce_json(bootstrap, new, orders(range(100, 120)))
+    path = write_manifest(tmp_path / "m.yaml", manifest_yaml("dgt_pipe", old, dst, tmp_path / "state"))
+    key = AssetKey(["dgt_pipe"])
+    instance = DagsterInstance.ephemeral()
+    first = materialize([manifest_asset(path)], instance=instance, resources=resources())
+    assert metadata_values(first, key)[COMMITTED_OFFSETS] == {"0": 8}
+
+    write_manifest(path, manifest_yaml("dgt_pipe", new, dst, tmp_path / "state"))
+    second = materialize([manifest_asset(path)], instance=instance, resources=resources())
+    meta = metadata_values(second, key)
+    assert meta["offset_ranges"] == [{"partition": 0, "start": 0, "end": 20}]
+    assert meta["rows_extracted"] == 20
+    assert len(consume_all(bootstrap, dst)) == 28
+
+
 def test_a_failed_run_fails_the_step_and_records_no_materialization(broker, spark, kafka_env, tmp_path):
     bootstrap = broker.bootstrap_servers
     src, dst = unique_topic("dgf_src"), unique_topic("dgf_dst")
@@ -222,6 +255,7 @@ def test_a_failed_run_fails_the_step_and_records_no_materialization(broker, spar
     assert consume_all(bootstrap, dst) == []
 
 
+@pytest.mark.slow
 def test_dagster_cli_materializes_a_manifest_asset(broker, tmp_path):
     """The real `dagster asset materialize` against the module, in its own process and Spark."""
     bootstrap = broker.bootstrap_servers

@@ -141,7 +141,10 @@ def test_explicit_names_are_validated_and_defaults_made_unique():
         check_name(MinRowsCheck(type="min_rows", threshold=1, name="bad name"), 2)
     twice = [MinRowsCheck(type="min_rows", threshold=1), MinRowsCheck(type="min_rows", threshold=5)]
     assert check_names(twice) == ["min_rows", "min_rows_1"]
-    clash = [MinRowsCheck(type="min_rows", threshold=1, name="x"), MinRowsCheck(type="min_rows", threshold=5, name="x")]
+    clash = [
+        MinRowsCheck(type="min_rows", threshold=1, name="x"),
+        MinRowsCheck(type="min_rows", threshold=5, name="x"),
+    ]
     with pytest.raises(ConfigError, match="used by another check"):
         check_names(clash)
 
@@ -156,10 +159,14 @@ def test_check_result_as_dict_is_json_safe():
         observed=1,
         threshold=0,
         description="d",
-        failing_sample=({"at": datetime(2025, 1, 1, tzinfo=UTC), "amount": Decimal("12.50"), "raw": b"\xff\x00"},),
+        failing_sample=(
+            {"at": datetime(2025, 1, 1, tzinfo=UTC), "amount": Decimal("12.50"), "raw": b"\xff\x00"},
+        ),
     )
     data = json.loads(json.dumps(result.as_dict()))
-    assert data["failing_sample"] == [{"at": "2025-01-01T00:00:00+00:00", "amount": "12.50", "raw": "base64:/wA="}]
+    assert data["failing_sample"] == [
+        {"at": "2025-01-01T00:00:00+00:00", "amount": "12.50", "raw": "base64:/wA="}
+    ]
     assert data["skipped"] is False and data["phase"] == "pre_publish"
 
 
@@ -235,7 +242,9 @@ def test_accepted_values(orders, dirty):
     bad = only(pre(dirty, [check]))
     assert (bad.passed, bad.observed) == (False, 2)  # lost, weird; nulls not counted
     assert [r["status"] for r in bad.failing_sample] == ["lost", "weird"]
-    numbers = only(pre(dirty, [AcceptedValuesCheck(type="accepted_values", column="order_id", values=[1, 3, 7])]))
+    numbers = only(
+        pre(dirty, [AcceptedValuesCheck(type="accepted_values", column="order_id", values=[1, 3, 7])])
+    )
     assert (numbers.passed, numbers.observed) == (True, 0)
 
 
@@ -267,7 +276,9 @@ def test_freshness_default_column_is_the_record_timestamp(spark):
     assert (stale.passed, stale.observed) == (False, 120.5)
     assert C.SOURCE_TIMESTAMP in stale.description
     # A naive `now` means UTC.
-    naive = only(pre(df, [FreshnessCheck(type="freshness", max_age_seconds=300)], now=NOW.replace(tzinfo=None)))
+    naive = only(
+        pre(df, [FreshnessCheck(type="freshness", max_age_seconds=300)], now=NOW.replace(tzinfo=None))
+    )
     assert naive.observed == 120.5
 
 
@@ -299,7 +310,11 @@ def test_warn_mode_reports_but_does_not_gate(dirty):
     assert [r.name for r in results] == ["min_rows", "ids", "unique_order_id"]
     assert all(r.severity == "warn" and not r.passed for r in results)
     assert failed_gates(results) == []
-    assert [r.name for r in failed_gates(pre(dirty, checks, mode="fail"))] == ["min_rows", "ids", "unique_order_id"]
+    assert [r.name for r in failed_gates(pre(dirty, checks, mode="fail"))] == [
+        "min_rows",
+        "ids",
+        "unique_order_id",
+    ]
     with pytest.raises(ConfigError, match="quality.mode"):
         pre(dirty, checks, mode="strict")
 
@@ -354,9 +369,13 @@ def test_great_expectations_other_shapes(orders, dirty):
 
 def test_great_expectations_unknown_type_and_bad_kwargs(orders):
     unknown = GreatExpectationsCheck(
-        type="great_expectations", expectation_type="expect_column_values_to_be_betwen", kwargs={"column": "amount"}
+        type="great_expectations",
+        expectation_type="expect_column_values_to_be_betwen",
+        kwargs={"column": "amount"},
     )
-    with pytest.raises(ConfigError, match="unknown expectation_type 'expect_column_values_to_be_betwen'.*Did you mean"):
+    with pytest.raises(
+        ConfigError, match="unknown expectation_type 'expect_column_values_to_be_betwen'.*Did you mean"
+    ):
         pre(orders, [unknown])
     with pytest.raises(ConfigError, match="unknown expectation_type 'drop_table'"):
         validate_expectation("drop_table", {})
@@ -402,7 +421,10 @@ def test_source_target_count_offset_advance_rule():
     check = [SourceTargetCountCheck(type="source_target_count")]
     # Retries may leave extra offsets: advance > delivered passes.
     retried = only(run_post_publish(check, "fail", 10, 10, 10, {0: 7, 1: 5}))
-    assert retried.passed and "advanced by 12 across 2 partition(s), >= the 10 acknowledged" in retried.description
+    assert (
+        retried.passed
+        and "advanced by 12 across 2 partition(s), >= the 10 acknowledged" in retried.description
+    )
     # Fewer offsets than acknowledged messages: the accounting is wrong, even with matching counts.
     short = only(run_post_publish(check, "fail", 10, 10, 10, {0: 6, 1: 3}))
     assert (short.passed, short.observed) == (False, 0.0)
@@ -422,3 +444,15 @@ def test_partition_advance_from_delivery_reports():
     ]
     assert partition_advance(reports) == {0: 5}
     assert partition_advance([PartitionDelivery(2, 3, 100, 103)]) == {2: 4}
+
+
+def test_great_expectations_leaves_nothing_persisted(spark):
+    df = batch(spark, [{"order_id": i, "amount": float(i)} for i in range(20)])
+    check = GreatExpectationsCheck(
+        type="great_expectations",
+        expectation_type="expect_column_values_to_be_between",
+        kwargs={"column": "amount", "min_value": 0},
+    )
+    before = spark.sparkContext._jsc.getPersistentRDDs().size()
+    assert only(pre(df, [check])).passed
+    assert spark.sparkContext._jsc.getPersistentRDDs().size() == before

@@ -27,6 +27,8 @@ from dpone_dagster.resources.kafka import KafkaResource
 from dpone_dagster.sources.kafka import TimeWindow
 
 COMMITTED_OFFSETS = "dpone/committed_offsets"
+# The topic the committed offsets belong to: offsets of another topic must never be a start point.
+SOURCE_TOPIC = "dpone/source_topic"
 
 
 def source_asset_key(manifest: Manifest) -> AssetKey:
@@ -123,6 +125,9 @@ def last_committed_offsets(context: AssetExecutionContext, manifest: Manifest) -
     value = materialization.metadata.get(COMMITTED_OFFSETS)
     if value is None:
         return None
+    topic = materialization.metadata.get(SOURCE_TOPIC)
+    if topic is not None and getattr(topic, "value", topic) != getattr(manifest.source, "topic", None):
+        return None  # the manifest reads another topic now
     data = value.value if hasattr(value, "value") else value
     return {int(p): int(o) for p, o in dict(data).items()} or None
 
@@ -144,6 +149,7 @@ def materialization_metadata(result: RunResult) -> dict[str, Any]:
         ),
         "offset_ranges": MetadataValue.json(result.offset_ranges),
         COMMITTED_OFFSETS: MetadataValue.json({str(p): o for p, o in result.committed_offsets.items()}),
+        SOURCE_TOPIC: MetadataValue.text(str(result.boundary.get("topic", ""))),
         "sink_partitions": MetadataValue.json(result.sink_partitions),
         "executors": MetadataValue.json(result.executors),
     }

@@ -8,8 +8,9 @@
   for scraping; `build_metrics` derives it from a RunResult dict.
 
 Every file is written atomically (a temp file in the same directory, fsync, os.replace), and the text
-of run.json and plan.md passes through `connections.redact_known_secrets` after serialization, so a
-secret that reached an error text, a note or the plan is masked wherever it appears. plan.md is
+of run.json and plan.md passes through `connections.redact_known_secrets` (run.json: every string before
+serialization and the serialized text after), so a secret that reached an error text, a note, a failing
+sample or the plan is masked wherever it appears. plan.md is
 written before run.json: a directory with run.json is a complete artifact (`list_runs` only lists
 those).
 """
@@ -127,13 +128,24 @@ def write_run_artifact(
 ) -> Path:
     """Write `<base>/<run_id>/plan.md` then `run.json` (atomically, secrets redacted); returns the
     run's directory. Writing again for the same run_id replaces both files."""
-    record = run_record(result, gates)
+    # Strings are scrubbed before serializing too: JSON escaping would hide a secret holding '"' or '\\'.
+    record = _redact_tree(run_record(result, gates))
     run_dir = _run_dir(base_path, record["run_id"])
     run_dir.mkdir(parents=True, exist_ok=True)
     _atomic_write(run_dir / PLAN_FILE, redact_known_secrets(plan_markdown))
     text = json.dumps(record, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     _atomic_write(run_dir / RUN_FILE, redact_known_secrets(text))
     return run_dir
+
+
+def _redact_tree(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact_known_secrets(value)
+    if isinstance(value, dict):
+        return {_redact_tree(k): _redact_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact_tree(v) for v in value]
+    return value
 
 
 # --------------------------------------------------------------------------- metrics.json
@@ -245,7 +257,9 @@ def show_run(base_path: str | os.PathLike[str], run_id: str) -> dict[str, Any]:
     run_file = run_dir / RUN_FILE
     if not run_file.is_file():
         available = [r["run_id"] for r in list_runs(base_path)]
-        shown = ", ".join(available[:20]) + (f" (and {len(available) - 20} more)" if len(available) > 20 else "")
+        shown = ", ".join(available[:20]) + (
+            f" (and {len(available) - 20} more)" if len(available) > 20 else ""
+        )
         raise ConfigError(
             f"no run artifact '{run_id}' under {Path(base_path)}; "
             + (f"available run ids (newest first): {shown}" if available else "no runs are recorded there")

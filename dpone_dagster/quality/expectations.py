@@ -32,7 +32,7 @@ _RESULT_FORMAT = {"result_format": "SUMMARY", "partial_unexpected_count": SAMPLE
 # Logger names whose INFO/WARNING chatter is not ours to print in a run log.
 _NOISY_LOGGERS = ("great_expectations", "py4j")
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # also serializes validations: GE's context is not documented thread-safe
 _batch_definition: Any = None
 
 
@@ -132,8 +132,9 @@ def run_expectation(
                 f"quality check {name}: column {column!r} of {expectation_type} is not in the batch "
                 f"(columns: {', '.join(df.columns)})"
             )
-    batch = _gx_batch_definition().get_batch(batch_parameters={"dataframe": df})
-    result = batch.validate(expectation, result_format=_RESULT_FORMAT)
+    with _lock:
+        batch = _gx_batch_definition().get_batch(batch_parameters={"dataframe": df})
+        result = batch.validate(expectation, result_format=_RESULT_FORMAT)
     return to_check_result(result.to_json_dict(), kwargs, name=name, severity=severity, phase=phase)
 
 

@@ -254,6 +254,8 @@ class _AvroReader:
         return (f"{ns}.{name}" if ns else name), ns
 
     def _register(self, node: Mapping[str, Any], namespace: str | None) -> str | None:
+        if "name" not in node:  # bytes decimals are anonymous
+            return namespace
         fullname, ns = self._fullname(node, namespace)
         self.named[fullname] = (node, ns)
         return ns

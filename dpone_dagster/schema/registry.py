@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from typing import Any
 from uuid import UUID
 
@@ -376,9 +376,10 @@ def to_spark_value(value: Any, dtype: DataType, path: str = "", enforce_nullabil
     try:
         return converter(value, dtype)
     except (TypeError, ValueError, ArithmeticError, InvalidOperation) as exc:
-        raise ValueError(f"{path}: {exc}") from None
+        raise ValueError(f"{path or 'value'}: {exc}") from None
 
 
+_DECIMAL_CONTEXT = Context(prec=80)
 _INT_BITS = {ByteType: 8, ShortType: 16, IntegerType: 32, LongType: 64}
 
 
@@ -419,8 +420,9 @@ def _decimal(value: Any, dtype: DecimalType) -> Decimal:
     number = Decimal(value)
     if not number.is_finite():
         raise ValueError(f"{value} is not a finite decimal")
-    quantized = number.quantize(Decimal(1).scaleb(-dtype.scale), rounding=ROUND_HALF_UP)
-    if abs(quantized) >= Decimal(10) ** (dtype.precision - dtype.scale):
+    # The default context keeps 28 digits; Spark decimals have up to 38.
+    quantized = number.quantize(Decimal(1).scaleb(-dtype.scale), rounding=ROUND_HALF_UP, context=_DECIMAL_CONTEXT)
+    if quantized.adjusted() >= dtype.precision - dtype.scale and quantized != 0:
         raise ValueError(f"{value} does not fit {dtype.simpleString()}")
     return quantized
 

@@ -1,0 +1,271 @@
+"""Schema evolution planning (pure: StructType in, plan out; no Spark session)."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql.types import (
+    ArrayType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from dpone_dagster import columns as C
+from dpone_dagster.errors import ConfigError
+from dpone_dagster.schema.evolution import (
+    NC_PREFIX,
+    EvolutionPlan,
+    compatibility_issues,
+    fits,
+    plan_evolution,
+    promotes,
+)
+from dpone_dagster.schema.registry import DEFAULT_KEY
+
+
+def struct(*fields: tuple) -> StructType:
+    return StructType([StructField(name, dtype, *rest) for name, dtype, *rest in fields])
+
+
+def kinds(plan: EvolutionPlan) -> list[tuple[str, str]]:
+    return [(a.kind, a.path) for a in plan.actions]
+
+
+BASE = struct(("id", LongType(), False), ("name", StringType()))
+
+
+def assert_consistent(plan: EvolutionPlan, target: StructType, mode: str) -> None:
+    """A non-breaking plan's result passes the pairwise compatibility check against the target."""
+    assert not plan.breaking
+    assert compatibility_issues(plan.result_schema, target, mode) == []
+
+
+def test_new_subject_registers_the_source_as_is():
+    source = struct(("id", LongType(), False), ("name", StringType()), (C.OP, StringType()), (C.CORRUPT, StringType()))
+    plan = plan_evolution(source, None)
+    assert plan.actions == () and not plan.breaking and plan.changed
+    assert plan.result_schema == BASE  # metadata columns never reach the registered schema
+
+
+def test_identical_schema_needs_no_change():
+    plan = plan_evolution(BASE, BASE)
+    assert plan.actions == () and not plan.changed and not plan.breaking
+
+
+def test_add_nullable_field():
+    source = struct(("id", LongType(), False), ("name", StringType()), ("email", StringType()))
+    plan = plan_evolution(source, BASE, "BACKWARD")
+    assert kinds(plan) == [("add", "email")]
+    assert plan.result_schema["email"].nullable
+    assert plan.changed
+    assert_consistent(plan, BASE, "BACKWARD")
+
+
+@pytest.mark.parametrize("mode", ["BACKWARD", "BACKWARD_TRANSITIVE", "FULL"])
+def test_add_non_nullable_field_is_breaking_when_new_readers_read_old_records(mode):
+    source = struct(("id", LongType(), False), ("name", StringType()), ("tier", IntegerType(), False))
+    plan = plan_evolution(source, BASE, mode)
+    assert plan.breaking
+    assert kinds(plan) == [("breaking", "tier")]
+    with pytest.raises(ConfigError, match="breaking schema change for subject 'orders-value'.*tier"):
+        plan.raise_if_breaking("orders-value")
+
+
+@pytest.mark.parametrize("mode", ["FORWARD", "NONE"])
+def test_add_non_nullable_field_is_allowed_when_only_old_readers_matter(mode):
+    source = struct(("id", LongType(), False), ("name", StringType()), ("tier", IntegerType(), False))
+    plan = plan_evolution(source, BASE, mode)
+    assert kinds(plan) == [("add", "tier")]
+    assert not plan.result_schema["tier"].nullable
+    assert_consistent(plan, BASE, mode)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [(IntegerType(), LongType()), (FloatType(), DoubleType()), (DecimalType(10, 2), DecimalType(18, 2)), (IntegerType(), DoubleType())],
+)
+def test_safe_widening_under_backward(old, new):
+    target = struct(("id", LongType(), False), ("v", old))
+    source = struct(("id", LongType(), False), ("v", new))
+    plan = plan_evolution(source, target, "BACKWARD")
+    assert kinds(plan) == [("widen", "v")]
+    assert plan.result_schema["v"].dataType == new
+    assert_consistent(plan, target, "BACKWARD")
+
+
+@pytest.mark.parametrize("mode", ["FORWARD", "FULL"])
+def test_widening_breaks_old_readers(mode):
+    target = struct(("v", IntegerType()))
+    plan = plan_evolution(struct(("v", LongType())), target, mode)
+    assert kinds(plan) == [("breaking", "v")]
+    assert "widening int -> bigint" in plan.actions[0].detail
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (LongType(), IntegerType()),  # values fit: written into the wider target, no change
+        (DoubleType(), FloatType()),
+        (DecimalType(18, 2), DecimalType(10, 2)),
+        (DecimalType(18, 4), DecimalType(10, 2)),
+    ],
+)
+def test_narrower_source_fits_the_target_without_change(old, new):
+    target = struct(("v", old))
+    plan = plan_evolution(struct(("v", new)), target, "FULL")
+    assert plan.actions == () and plan.result_schema == target and not plan.changed
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (LongType(), DoubleType()),  # precision loss above 2^53: treated as breaking
+        (DecimalType(10, 2), DecimalType(10, 4)),  # scale change
+        (IntegerType(), StringType()),
+        (StringType(), LongType()),
+    ],
+)
+def test_incompatible_changes_are_breaking(old, new):
+    target = struct(("v", old))
+    plan = plan_evolution(struct(("v", new)), target, "BACKWARD")
+    assert plan.breaking and kinds(plan) == [("breaking", "v")]
+    assert plan.result_schema["v"].dataType == old
+
+
+def test_narrowing_of_the_target_is_breaking():
+    # The target is long; a source that became a wider decimal does not fit and is no widening.
+    target = struct(("v", LongType()))
+    plan = plan_evolution(struct(("v", DecimalType(38, 0))), target, "BACKWARD")
+    assert plan.breaking
+
+
+def test_incompatible_type_routes_to_new_column():
+    target = struct(("id", LongType(), False), ("amount", LongType()), ("name", StringType()))
+    source = struct(("id", LongType(), False), ("amount", StringType()), ("name", StringType()))
+    plan = plan_evolution(source, target, "BACKWARD", "new_column")
+    assert kinds(plan) == [("route_new_column", "amount")]
+    assert not plan.breaking
+    assert plan.result_schema["amount"].dataType == LongType()  # the target keeps its type
+    variant = plan.result_schema[f"{NC_PREFIX}amount"]
+    assert variant.dataType == StringType() and variant.nullable
+    assert plan.result_schema.names == ["id", "amount", "name", "__dpone__nc__amount"]
+    assert plan.routes == (("amount", "__dpone__nc__amount"),)
+    assert_consistent(plan, target, "BACKWARD")
+
+
+def test_route_reuses_an_existing_variant_column():
+    target = struct(("amount", LongType()), (f"{NC_PREFIX}amount", StringType()))
+    source = struct(("amount", StringType()))
+    plan = plan_evolution(source, target, "BACKWARD", "new_column")
+    assert kinds(plan) == [("route_new_column", "amount")]
+    assert plan.result_schema == target and not plan.changed
+
+
+def test_route_needs_a_nullable_target_column():
+    target = struct(("amount", LongType(), False))
+    plan = plan_evolution(struct(("amount", StringType(), False)), target, "BACKWARD", "new_column")
+    assert plan.breaking
+    assert "required" in plan.actions[0].detail
+
+
+def test_widening_routes_under_forward_with_new_column():
+    target = struct(("v", IntegerType()))
+    plan = plan_evolution(struct(("v", LongType())), target, "FORWARD", "new_column")
+    assert kinds(plan) == [("route_new_column", "v")]
+    assert plan.result_schema[f"{NC_PREFIX}v"].dataType == LongType()
+    assert_consistent(plan, target, "FORWARD")
+
+
+def test_dropped_nullable_field_is_kept_and_written_as_null():
+    target = struct(("id", LongType(), False), ("legacy", StringType()))
+    plan = plan_evolution(struct(("id", LongType(), False)), target, "FULL")
+    assert kinds(plan) == [("keep_target_field", "legacy")]
+    assert plan.result_schema == target
+    assert_consistent(plan, target, "FULL")
+
+
+def test_dropped_required_field_is_breaking_unless_it_has_a_default():
+    target = struct(("id", LongType(), False), ("legacy", StringType(), False))
+    plan = plan_evolution(struct(("id", LongType(), False)), target, "BACKWARD")
+    assert kinds(plan) == [("breaking", "legacy")]
+
+    with_default = struct(("id", LongType(), False), ("legacy", StringType(), False, {DEFAULT_KEY: "n/a"}))
+    plan = plan_evolution(struct(("id", LongType(), False)), with_default, "BACKWARD")
+    assert kinds(plan) == [("keep_target_field", "legacy")] and not plan.breaking
+
+
+def test_rename_is_a_drop_plus_an_add():
+    target = struct(("id", LongType(), False), ("name", StringType()))
+    source = struct(("id", LongType(), False), ("full_name", StringType()))
+    plan = plan_evolution(source, target, "BACKWARD")
+    assert kinds(plan) == [("keep_target_field", "name"), ("add", "full_name")]
+    assert plan.result_schema.names == ["id", "name", "full_name"]
+
+
+def test_nested_struct_add_and_widen():
+    address = struct(("city", StringType()), ("zip", IntegerType()))
+    target = struct(("id", LongType(), False), ("address", address), ("lines", ArrayType(struct(("sku", StringType())))))
+    source = struct(
+        ("id", LongType(), False),
+        ("address", struct(("city", StringType()), ("zip", LongType()), ("street", StringType()))),
+        ("lines", ArrayType(struct(("sku", StringType()), ("qty", IntegerType())))),
+    )
+    plan = plan_evolution(source, target, "BACKWARD")
+    assert kinds(plan) == [("widen", "address.zip"), ("add", "address.street"), ("add", "lines[].qty")]
+    assert plan.result_schema["address"].dataType.names == ["city", "zip", "street"]
+    assert_consistent(plan, target, "BACKWARD")
+
+
+def test_nested_incompatible_change_cannot_be_routed():
+    target = struct(("address", struct(("zip", LongType()))))
+    source = struct(("address", struct(("zip", StringType()))))
+    plan = plan_evolution(source, target, "BACKWARD", "new_column")
+    assert kinds(plan) == [("breaking", "address.zip")]
+    assert "top-level" in plan.actions[0].detail
+
+
+def test_none_allows_everything():
+    target = struct(("id", IntegerType(), False), ("amount", LongType()), ("legacy", StringType(), False))
+    source = struct(("id", LongType(), False), ("amount", StringType()), ("tier", IntegerType(), False))
+    plan = plan_evolution(source, target, "NONE")
+    assert not plan.breaking
+    assert kinds(plan) == [("widen", "id"), ("retype", "amount"), ("keep_target_field", "legacy"), ("add", "tier")]
+    assert plan.result_schema["amount"].dataType == StringType()
+    assert plan.result_schema["legacy"].nullable
+
+
+def test_transitive_modes_check_every_earlier_version():
+    v1 = struct(("id", LongType(), False), ("code", IntegerType()))
+    v2 = struct(("id", LongType(), False))  # `code` was removed (BACKWARD allows dropping)
+    source = struct(("id", LongType(), False), ("code", StringType()))  # re-added with another type
+    assert not plan_evolution(source, v2, "BACKWARD").breaking
+    plan = plan_evolution(source, v2, "BACKWARD_TRANSITIVE", history=[v1, v2])
+    assert plan.breaking
+    assert any("history version 1" in a.detail for a in plan.actions)
+
+
+def test_plan_as_dict_is_reportable():
+    source = struct(("id", LongType(), False), ("name", StringType()), ("email", StringType()))
+    report = plan_evolution(source, BASE).as_dict()
+    assert report["breaking"] is False and report["changed"] is True
+    assert report["actions"] == [{"kind": "add", "path": "email", "detail": "new nullable field string (default null)"}]
+    assert report["result_schema"][-1] == {"name": "email", "type": "string", "nullable": True}
+
+
+def test_unknown_modes_are_config_errors():
+    with pytest.raises(ConfigError, match="compatibility"):
+        plan_evolution(BASE, BASE, "SIDEWAYS")
+    with pytest.raises(ConfigError, match="on_type_change"):
+        plan_evolution(BASE, BASE, "BACKWARD", "cast")
+
+
+def test_type_relations():
+    assert promotes(IntegerType(), LongType()) and promotes(FloatType(), DoubleType())
+    assert promotes(DecimalType(10, 2), DecimalType(12, 2))
+    assert not promotes(LongType(), DoubleType()) and not promotes(DecimalType(10, 2), DecimalType(12, 3))
+    assert fits(IntegerType(), DecimalType(12, 2)) and not fits(LongType(), DecimalType(12, 2))
