@@ -81,6 +81,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", action="store_true", help="confirm the rewind")
     p.set_defaults(handler=cmd_state_reset)
 
+    runs = sub.add_parser("runs", help="run artifacts written under observability.artifacts.path")
+    runs_sub = runs.add_subparsers(dest="runs_command")
+    p = runs_sub.add_parser("list")
+    p.add_argument("manifest")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(handler=cmd_runs_list)
+    p = runs_sub.add_parser("show")
+    p.add_argument("manifest")
+    p.add_argument("run_id")
+    p.set_defaults(handler=cmd_runs_show)
+
     broker = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (local development)")
     p = broker.add_subparsers(dest="broker_command").add_parser("start")
     p.add_argument("--port", type=int, default=None)
@@ -217,6 +228,30 @@ def cmd_state_reset(args: argparse.Namespace) -> int:
     finally:
         store.close()
     print(f"{manifest.name}: offsets {'set to ' + str(exact) if exact else 'cleared (next run starts from earliest)'}")
+    return EXIT_OK
+
+
+def cmd_runs_list(args: argparse.Namespace) -> int:
+    from dpone_dagster.observability.artifacts import list_runs
+
+    runs = list_runs(load_manifest(args.manifest).observability.artifacts.path)
+    if args.format == "json":
+        print(json.dumps(runs, indent=2, default=str))
+        return EXIT_OK
+    for run in runs:
+        print(
+            f"{run.get('run_id')}  {run.get('status'):8}  {run.get('started_at')}  "
+            f"rows={run.get('rows')} messages={run.get('messages')}"
+        )
+    if not runs:
+        print("no run artifacts (set observability.artifacts.enabled: true)")
+    return EXIT_OK
+
+
+def cmd_runs_show(args: argparse.Namespace) -> int:
+    from dpone_dagster.observability.artifacts import show_run
+
+    print(json.dumps(show_run(load_manifest(args.manifest).observability.artifacts.path, args.run_id), indent=2, default=str))
     return EXIT_OK
 
 

@@ -6,7 +6,12 @@ RunFailed -> 1 (the run started and failed; nothing was committed past what was 
 
 
 class DponeError(Exception):
-    """Base of every error this project raises on purpose."""
+    """Base of every error this project raises on purpose.
+
+    `result` carries the run's partial RunResult (gates, counts) when a run raised it.
+    """
+
+    result = None
 
 
 class ConfigError(DponeError):

@@ -722,7 +722,7 @@ def test_several_rule_problems_are_reported_together() -> None:
             kafka_base(),
             {"zzz": 1},
             "zzz",
-            "unknown field 'zzz'; allowed fields: description, name, observability, quality, sink, source, state",
+            "unknown field 'zzz'; allowed fields: dagster, description, name, observability, quality, sink, source, state",
             id="root-no-match",
         ),
         pytest.param(

@@ -23,6 +23,7 @@ from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, Proto
 from confluent_kafka.serialization import MessageField, SerializationContext
 from conftest import create_topic, unique_topic
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -476,7 +477,7 @@ def test_avro_keys_under_the_key_subject(spark, client):
     key_text = json.dumps(avro.spark_to_avro(key_struct, "OrderKey", "dpone.test"))
     key_id = ensure_registered(client, subject_name("topic", "orders", None, is_key=True), key_text, "avro", True)
     df = spark.createDataFrame([tuple(r[n] for n in SCHEMA.names) for r in ROWS], SCHEMA).withColumn(
-        "tombstone", (spark_col("id") == 2)
+        "tombstone", (F.col("id") == 2)
     )
     encoded = encode_registry(
         df, "avro", schema_id, text, SCHEMA.names, null_value_column="tombstone",
@@ -486,12 +487,6 @@ def test_avro_keys_under_the_key_subject(spark, client):
     assert [key_reader(r["key"], ctx("orders", MessageField.KEY)) for r in encoded] == [{"id": 1}, {"id": 2}, {"id": 3}]
     assert [r["value"] is None for r in encoded] == [False, True, False]
     assert "tombstone" in encoded[0].asDict()  # other columns pass through
-
-
-def spark_col(name: str):
-    from pyspark.sql import functions as F
-
-    return F.col(name)
 
 
 def test_encode_refuses_columns_missing_from_the_registered_schema(spark, client):
@@ -540,8 +535,8 @@ def test_json_schema_decode_of_confluent_records(spark, client):
                                 conf={"auto.register.schemas": False, **SERDE_CONF})
     raw = raw_df(spark, [serializer(row, ctx("orders")) for row in ROWS] + [None])
     decoded = decode_registry(raw, "json_schema", schemas_by_id(client, distinct_schema_ids(raw)), SCHEMA)
-    assert collect_rows(decoded.where(spark_col("id").isNotNull()), SCHEMA) == ROWS
-    assert decoded.where(spark_col(C.OP) == "delete").count() == 1
+    assert collect_rows(decoded.where(F.col("id").isNotNull()), SCHEMA) == ROWS
+    assert decoded.where(F.col(C.OP) == "delete").count() == 1
 
 
 def test_json_schema_decimals_may_arrive_as_numbers(spark, client):
@@ -591,10 +586,48 @@ def test_protobuf_decode_of_confluent_records(spark, client, pb):
     raw = raw_df(spark, [*values, address_serializer(pb.Address(city="x"), ctx("addresses"))])
     schema = protobuf.message_to_spark(pb.Order)
     decoded = decode_registry(raw, "protobuf", schemas_by_id(client, distinct_schema_ids(raw)), schema)
-    assert collect_rows(decoded.where(spark_col(C.SOURCE_OFFSET) < 2), schema) == rows
-    # Message index [1] selects Address in the same file: decoded by name onto the Order schema.
-    address_row = decoded.where(spark_col(C.SOURCE_OFFSET) == 2).collect()[0]
+    assert collect_rows(decoded.where(F.col(C.SOURCE_OFFSET) < 2), schema) == rows
+    # Message index [1] selects Address in the same file: by default projected by name onto the
+    # Order schema (nothing matches); with expected_record it is corrupt.
+    address_row = decoded.where(F.col(C.SOURCE_OFFSET) == 2).collect()[0]
     assert address_row[C.CORRUPT] is None and address_row["address"] is None and address_row["id"] is None
+    strict = decode_registry(
+        raw, "protobuf", schemas_by_id(client, distinct_schema_ids(raw)), schema, expected_record="dpone.test.Order"
+    )
+    reasons = [r[C.CORRUPT] for r in strict.orderBy(C.SOURCE_OFFSET).collect()]
+    assert reasons == [None, None, "record dpone.test.Address is not the expected dpone.test.Order at 0@2"]
+
+
+def test_protobuf_references_are_registered_like_confluent(spark, client, pb):
+    """A file importing another (non-well-known) file: the import is a schema reference."""
+    ship = importlib.import_module("dpone_test_shipments_pb2")
+    files = protobuf.dependency_files(ship.Shipment)
+    assert [(f.name, f.imports) for f in files] == [("dpone_test_orders.proto", ())]
+    refs = registry.ensure_references(client, files, auto_register=True)
+    ours = ensure_registered(
+        client, "ships-value", protobuf.schema_string(ship.Shipment), "protobuf", True,
+        references=[refs[name] for name in protobuf.direct_imports(ship.Shipment)],
+    )
+    message = ship.Shipment(id="s1", to=pb.Address(city="Oslo"), status=pb.NEW)
+    message.at.FromDatetime(datetime(2024, 6, 1, 12, 30, tzinfo=UTC))
+    value = ProtobufSerializer(ship.Shipment, client, {"auto.register.schemas": False, **SERDE_CONF})(message, ctx("ships"))
+    assert unframe(value, with_indexes=True)[:2] == (ours, [0])
+
+    raw = raw_df(spark, [value])
+    ids = distinct_schema_ids(raw)
+    schema = protobuf.message_to_spark(ship.Shipment)
+    decoded = decode_registry(
+        raw, "protobuf", schemas_by_id(client, ids), schema,
+        references=registry.references_by_id(client, ids), expected_record="dpone.test.ship.Shipment",
+    )
+    assert collect_rows(decoded, schema) == [
+        {"id": "s1", "to": {"city": "Oslo", "zip": None}, "at": datetime(2024, 6, 1, 12, 30, tzinfo=UTC), "status": "NEW"}
+    ]
+    encoded = encode_registry(
+        decoded, "protobuf", ours, protobuf.schema_string(ship.Shipment), schema.names,
+        message_indexes=[0], references=tuple(registry.references_by_id(client, ids)[ours]),
+    ).collect()[0]["value"]
+    assert ProtobufDeserializer(ship.Shipment, {"use.deprecated.format": False})(encoded, ctx("ships")) == message
 
 
 def test_protobuf_encode_is_readable_by_confluent(spark, client, pb):
@@ -654,20 +687,22 @@ def test_end_to_end_avro_through_the_broker(spark, broker, client):
     serializer = AvroSerializer(client, text, conf={"auto.register.schemas": False, **SERDE_CONF})
     producer = Producer({"bootstrap.servers": bs})
     for row in ROWS:
-        producer.produce(src, key=str(row["id"]).encode(), value=serializer(row, ctx(src)))
+        producer.produce(src, key=str(row["id"]).encode(), value=serializer(row, ctx(src)), headers=[("trace", b"t1")])
     producer.produce(src, key=b"2", value=None)  # tombstone
     assert producer.flush(30) == 0
 
     raw = read_ranges(spark, [ReadTask(0, src, 0, 0, len(ROWS) + 1)], ReaderSettings({"bootstrap.servers": bs}, "g-sr"))
     decoded = decode_registry(raw, "avro", schemas_by_id(client, distinct_schema_ids(raw)), SCHEMA)
-    assert collect_rows(decoded.where(spark_col(C.OP) == "upsert"), SCHEMA) == ROWS
-    assert decoded.where(spark_col(C.OP) == "delete").select(C.SOURCE_KEY).collect()[0][0] == b"2"
+    assert collect_rows(decoded.where(F.col(C.OP) == "upsert"), SCHEMA) == ROWS
+    assert decoded.where(F.col(C.OP) == "delete").select(C.SOURCE_KEY).collect()[0][0] == b"2"
+    headers = decoded.where(F.col("id") == 1).select(C.SOURCE_HEADERS).collect()[0][0]
+    assert [(h["key"], bytes(h["value"])) for h in headers] == [("trace", b"t1")]
 
     out_id, out_text = registered(client, dst, "avro")
-    upserts = decoded.where(spark_col(C.OP) == "upsert")
+    upserts = decoded.where(F.col(C.OP) == "upsert")
     messages = encode_registry(
-        upserts.withColumn("key", spark_col(C.SOURCE_KEY)).withColumn("partition", spark_col(C.SOURCE_PARTITION) * 0 - 1)
-        .withColumn("headers", spark_col(C.SOURCE_HEADERS)),
+        upserts.withColumn("key", F.col(C.SOURCE_KEY)).withColumn("partition", F.col(C.SOURCE_PARTITION) * 0 - 1)
+        .withColumn("headers", F.col(C.SOURCE_HEADERS)),
         "avro", out_id, out_text, SCHEMA.names,
     )
     stats = produce(messages, ProducerSettings(dst, (("bootstrap.servers", bs),)))

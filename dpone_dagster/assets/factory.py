@@ -7,6 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
     AssetSpec,
@@ -23,6 +26,7 @@ from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.run import RunRequest, run_pipeline
 from dpone_dagster.errors import DponeError
 from dpone_dagster.manifest.models import KafkaSource, Manifest
+from dpone_dagster.quality.results import check_names
 from dpone_dagster.resources.kafka import KafkaResource
 from dpone_dagster.sources.kafka import TimeWindow
 
@@ -57,9 +61,11 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None):
     )
 
     partitions_def = partitions_def_for(manifest)
+    asset_key = AssetKey([manifest.name])
+    check_specs = quality_check_specs(manifest, asset_key)
 
     @asset(
-        key=AssetKey([manifest.name]),
+        key=asset_key,
         deps=[source_asset_key(manifest)],
         description=description,
         group_name=manifest.dagster.group_name,
@@ -74,8 +80,9 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None):
         backfill_policy=BackfillPolicy.single_run() if partitions_def else None,
         # One slot per pipeline: two runs of the same manifest never overlap.
         pool=f"dpone_{manifest.name}",
+        check_specs=check_specs,
     )
-    def _materialize(context: AssetExecutionContext, pyspark: LazyPySparkResource, kafka: KafkaResource) -> MaterializeResult:
+    def _materialize(context: AssetExecutionContext, pyspark: LazyPySparkResource, kafka: KafkaResource):
         keys, windows = _partition_windows(context, manifest)
         request = RunRequest(
             run_id=f"{context.run_id}-{context.retry_number}",
@@ -87,14 +94,57 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None):
         try:
             result = run_pipeline(manifest, pyspark.spark_session, request)
         except DponeError as exc:
+            # Report the gates that ran, then fail: no materialization a later run could trust.
+            yield from check_results(check_specs, exc.result.gates if exc.result else [], complete=False)
             raise Failure(description=str(exc)) from exc
+        yield from check_results(check_specs, result.gates, complete=True)
         metadata = materialization_metadata(result)
         if keys:
             by_key = {key: w["partitions"] for key, w in zip(keys, result.boundary.get("windows", []), strict=True)}
             metadata["offset_ranges_by_partition"] = MetadataValue.json(by_key)
-        return MaterializeResult(metadata=metadata)
+        yield MaterializeResult(metadata=metadata)
 
     return _materialize
+
+
+def quality_check_specs(manifest: Manifest, asset_key: AssetKey) -> list[AssetCheckSpec]:
+    """One asset check per manifest quality check; blocking (downstream waits) in fail mode."""
+    blocking = manifest.quality.mode == "fail"
+    return [
+        AssetCheckSpec(
+            name,
+            asset=asset_key,
+            blocking=blocking,
+            description=f"{check.type} ({'pre-publish gate' if check.type != 'source_target_count' else 'post-publish reconciliation'}, {manifest.quality.mode} mode)",
+        )
+        for name, check in zip(check_names(manifest.quality.checks), manifest.quality.checks, strict=True)
+    ]
+
+
+def check_results(specs: list[AssetCheckSpec], gates: list[dict[str, Any]], complete: bool):
+    """Dagster check results from the engine's gate results. On success (`complete`) a check the
+    run never reached (e.g. reconciliation when nothing was produced) is reported as skipped."""
+    by_name = {g["name"]: g for g in gates}
+    for spec in specs:
+        gate = by_name.get(spec.name)
+        if gate is None:
+            if complete:
+                yield AssetCheckResult(check_name=spec.name, passed=True, metadata={"skipped": "not evaluated: nothing was produced"})
+            continue
+        yield AssetCheckResult(
+            check_name=spec.name,
+            passed=bool(gate["passed"]),
+            severity=AssetCheckSeverity.ERROR if gate["severity"] == "fail" else AssetCheckSeverity.WARN,
+            description=gate["description"],
+            metadata={
+                "observed": MetadataValue.text(str(gate["observed"])),
+                "threshold": MetadataValue.text(str(gate["threshold"])),
+                "phase": gate["phase"],
+                "skipped": gate["skipped"],
+                "failing_sample": MetadataValue.json(gate["failing_sample"]),
+                **({"observed_value": MetadataValue.float(float(gate["observed"]))} if isinstance(gate["observed"], int | float) else {}),
+            },
+        )
 
 
 def _partition_windows(context: AssetExecutionContext, manifest: Manifest) -> tuple[list[str], list[TimeWindow] | None]:

@@ -23,6 +23,11 @@ class RunResult:
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     executors: list[str] = field(default_factory=list)
+    gates: list[dict[str, Any]] = field(default_factory=list)
+    lag_before: int | None = None
+    lag_after: int | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
     error: str | None = None
 
     @property

@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dpone_dagster import columns as C
-from dpone_dagster.connections import resolve_kafka, resolve_postgres
+from dpone_dagster.connections import redact_known_secrets, resolve_kafka, resolve_postgres
 from dpone_dagster.engine.offsets import OffsetStorage
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.errors import ConfigError, DponeError, RunFailed
@@ -57,19 +57,42 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
     _refuse_unsupported(manifest)
     store = open_manifest_state_store(manifest)
     record = RunRecord(run_id=run_id, pipeline=manifest.name, status="running", started_at=utcnow())
+    result.started_at = record.started_at.isoformat()
     store.start_run(record)
     try:
         _run(manifest, spark, request, store, record, result)
     except BaseException as exc:
         result.status = "failed"
-        result.error = str(exc)
+        result.error = redact_known_secrets(str(exc))
+        result.finished_at = utcnow().isoformat()
         store.finish_run_failed(_record(record, result, "failed"))
         store.close()
-        if isinstance(exc, DponeError):
+        _write_artifacts(manifest, result, request.log)
+        error = exc if isinstance(exc, DponeError) else RunFailed(f"run {run_id} failed: {result.error}")
+        error.result = result
+        if error is exc:
             raise
-        raise RunFailed(f"run {run_id} failed: {exc}") from exc
+        raise error from exc
     store.close()
+    _write_artifacts(manifest, result, request.log)
     return result
+
+
+def _write_artifacts(manifest: Manifest, result: RunResult, log: Log) -> None:
+    """run.json, plan.md and metrics.json under observability.artifacts.path (when enabled)."""
+    artifacts = manifest.observability.artifacts
+    if not artifacts.enabled:
+        return
+    from dpone_dagster.engine.plan import build_plan, render_markdown
+    from dpone_dagster.observability.artifacts import build_metrics, write_metrics, write_run_artifact
+
+    try:
+        plan = render_markdown(build_plan(manifest, probe=False))
+        run_dir = write_run_artifact(artifacts.path, result.as_dict(), plan, result.gates)
+        write_metrics(artifacts.path, result.run_id, build_metrics(result.as_dict(), result.lag_before, result.lag_after))
+        log(f"artifacts: {run_dir}")
+    except Exception as exc:  # an artifact must never turn a delivered run into a failed one
+        log(f"artifacts: could not be written: {exc}")
 
 
 def _refuse_unsupported(manifest: Manifest) -> None:
@@ -136,6 +159,7 @@ def _run(
         boundary = source.plan(stored, request.windows)
         result.boundary = boundary.as_dict()
         result.notes.extend(boundary.notes)
+        result.lag_before = boundary.lag_before
         log(f"plan: {boundary.total} offsets in {len(boundary.ranges)} partition(s) of '{boundary.topic}'")
 
     with _stage(result, "preflight", log):
@@ -155,6 +179,9 @@ def _run(
             result.rows_extracted = int(counts["rows"])
             _fail_on_corrupt(staged, int(counts["corrupt"]), boundary.topic)
 
+        with _stage(result, "quality_pre", log):
+            _pre_publish_gates(manifest, staged, boundary, result)
+
         if result.rows_extracted == 0:
             log("extract: no new records; nothing to produce")
         else:
@@ -169,7 +196,9 @@ def _run(
         advance = boundary.method != "time_window" and manifest.sink.strategy.mode != "replace"
         result.committed_offsets = end_offsets if advance else {}
         result.status = "success"
+        result.finished_at = utcnow().isoformat()
         offsets.commit(_record(record, result, "success"), end_offsets if advance else None)
+        result.lag_after = boundary.lag_before - boundary.total if advance else None
         log(f"commit: offsets {result.committed_offsets or 'unchanged (' + boundary.method + ')'}")
 
 
@@ -198,11 +227,65 @@ def _shape_and_load(
                 f"{stats.failed} message(s) to '{manifest.sink.topic}' were not delivered "
                 f"({'; '.join(stats.errors)}); no state was advanced — fix the cause and rerun"
             )
+    with _stage(result, "quality_post", log):
+        _post_publish_gates(manifest, stats, expected, result)
+
+
+def _pre_publish_gates(manifest: Manifest, staged: DataFrame, boundary: Any, result: RunResult) -> None:
+    """Gates on the staged batch, before anything is produced; fail mode stops the run here."""
+    from dpone_dagster.quality.gates import failed_gates, run_pre_publish
+
+    quality = manifest.quality
+    incremental = boundary.method in ("offsets", "max_records") and manifest.sink.strategy.mode not in (
+        "full_refresh",
+        "replace",
+    )
+    gates = run_pre_publish(
+        staged,
+        quality.checks,
+        quality.mode,
+        result.rows_extracted,
+        incremental_empty=incremental and result.rows_extracted == 0,
+        now=utcnow(),
+    )
+    result.gates.extend(g.as_dict() for g in gates)
+    blocking = failed_gates(gates)
+    if blocking:
+        raise RunFailed(
+            "quality gate(s) failed before publishing, nothing was produced and no state advanced: "
+            + "; ".join(f"{g.name}: {g.description}" for g in blocking)
+        )
+
+
+def _post_publish_gates(manifest: Manifest, stats: Any, expected: int, result: RunResult) -> None:
+    """Reconciliation after delivery; in fail mode a mismatch stops the state from advancing."""
+    from dpone_dagster.quality.gates import failed_gates, partition_advance, run_post_publish
+
+    quality = manifest.quality
+    if not any(c.type == "source_target_count" for c in quality.checks):
+        # Without a configured tolerance every produced message must be acknowledged.
         if stats.delivered != expected:
             raise RunFailed(
                 f"delivery reports account for {stats.delivered} message(s) but {expected} were produced; "
                 "no state was advanced"
             )
+        return
+    gates = run_post_publish(
+        quality.checks,
+        quality.mode,
+        result.rows_extracted,
+        expected,
+        stats.delivered,
+        partition_advance(stats.partitions),
+    )
+    result.gates.extend(g.as_dict() for g in gates)
+    blocking = failed_gates(gates)
+    if blocking:
+        raise RunFailed(
+            "reconciliation failed after publishing, state was not advanced (a rerun re-produces the batch): "
+            + "; ".join(f"{g.name}: {g.description}" for g in blocking)
+        )
+
 
 
 def _fail_on_corrupt(staged: DataFrame, corrupt: int, topic: str) -> None:

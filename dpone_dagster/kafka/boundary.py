@@ -40,6 +40,12 @@ class Boundary:
     notes: tuple[str, ...] = field(default_factory=tuple)
     # time_window only: per window {start, end, partitions: [{partition, start, end}]}, contiguous.
     windows: tuple[dict, ...] = field(default_factory=tuple)
+    # Offsets waiting before max_records capped the ranges (None: nothing was capped).
+    backlog: int | None = None
+
+    @property
+    def lag_before(self) -> int:
+        return self.total if self.backlog is None else self.backlog
 
     @property
     def total(self) -> int:
@@ -131,7 +137,7 @@ def cap_total_records(boundary: Boundary, max_records: int) -> Boundary:
                 next_open.append(r)
         open_ranges = next_open
     ranges = tuple(PartitionRange(r.partition, r.start, r.start + sizes[r.partition]) for r in boundary.ranges)
-    return Boundary(boundary.topic, "max_records", ranges, boundary.notes)
+    return Boundary(boundary.topic, "max_records", ranges, boundary.notes, backlog=boundary.total)
 
 
 def split_into_tasks(boundary: Boundary, records_per_task: int) -> list[ReadTask]:

@@ -30,6 +30,7 @@ def check_rules(manifest: Manifest) -> list[Problem]:
     problems += _registry_rules(manifest)
     problems += _source_rules(manifest)
     problems += _state_rules(manifest)
+    problems += _quality_rules(manifest)
     return problems
 
 
@@ -198,3 +199,15 @@ def _state_rules(m: Manifest) -> list[Problem]:
 def _utc(value: datetime) -> datetime:
     """A naive timestamp is UTC, as the Kafka source reads it (so naive and aware bounds compare)."""
     return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _quality_rules(m: Manifest) -> list[Problem]:
+    """Check names become Dagster asset check names: valid and unique."""
+    from dpone_dagster.errors import ConfigError
+    from dpone_dagster.quality.results import check_names
+
+    try:
+        check_names(m.quality.checks)
+    except ConfigError as exc:
+        return [Problem("quality.checks", str(exc))]
+    return []

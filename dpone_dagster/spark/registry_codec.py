@@ -98,8 +98,16 @@ def apply_routes(df: DataFrame, plan: EvolutionPlan) -> DataFrame:
 # --------------------------------------------------------------------------- per-record codecs (pure)
 
 
+class _WrongRecord(Exception):
+    """A record of another type than the expected one (topics carrying several record types)."""
+
+
 class RecordDecoder:
-    """Decode framed values of one format with the schemas the driver shipped (one per task)."""
+    """Decode framed values of one format with the schemas the driver shipped (one per task).
+
+    With `expected_record` (an Avro record full name, a JSON Schema title or a protobuf message full
+    name), a record of any other type is corrupt instead of being projected onto the schema.
+    """
 
     def __init__(
         self,
@@ -107,6 +115,7 @@ class RecordDecoder:
         schemas: Mapping[int, tuple[str, str]],
         schema: StructType,
         references: Mapping[int, Sequence[tuple[str, str]]] | None = None,
+        expected_record: str | None = None,
     ):
         if fmt not in SCHEMA_TYPES:
             raise ConfigError(f"message_format {fmt!r} does not use the Schema Registry")
@@ -114,7 +123,8 @@ class RecordDecoder:
         self.schemas = schemas
         self.schema = schema
         self.references = references or {}
-        self._parsed: dict[Any, Any] = {}
+        self.expected_record = expected_record
+        self._parsed: dict[Any, tuple[str | None, Any]] = {}
 
     def decode(self, value: bytes, where: str) -> tuple[dict[str, Any] | None, str | None]:
         """(row, None) or (None, reason) for one non-null value; `where` is "partition@offset"."""
@@ -130,30 +140,41 @@ class RecordDecoder:
             return None, f"schema id {schema_id} is {schema_type}, expected {SCHEMA_TYPES[self.fmt]} at {where}"
         try:
             return self._decode(schema_id, schema_str, indexes, payload), None
+        except _WrongRecord as exc:
+            return None, f"{exc} at {where}"
         except Exception as exc:  # any payload problem marks this record corrupt, never the batch
             return None, f"{self.fmt} decode error at {where}: {exc}"[:_MAX_REASON]
 
     def _decode(self, schema_id: int, schema_str: str, indexes: list[int] | None, payload: bytes) -> dict[str, Any]:
         if self.fmt == "avro":
-            parsed = self._cached(schema_id, lambda: avro.parse_avro_schema(schema_str))
+            parsed = self._reader(schema_id, lambda: (avro.avro_fullname(schema_str), avro.parse_avro_schema(schema_str)))
             datum = avro.read_avro(payload, parsed)
             if not isinstance(datum, Mapping):
                 raise ValueError(f"the value is a {type(datum).__name__}, not a record")
             return avro.from_avro_datum(datum, self.schema)
         if self.fmt == "json_schema":
+            self._reader(schema_id, lambda: (json_schema.json_schema_title(schema_str), None))
             obj = json_schema.decode_json(payload)
             if not isinstance(obj, Mapping):
                 raise ValueError(f"the value is a JSON {type(obj).__name__}, not an object")
             return json_schema.from_json_value(obj, self.schema)
         key = (schema_id, tuple(indexes or [0]))
-        cls = self._cached(key, lambda: protobuf.message_class_from_schema(
-            schema_str, list(key[1]), self.references.get(schema_id, ())))
+
+        def build() -> tuple[str | None, Any]:
+            cls = protobuf.message_class_from_schema(schema_str, list(key[1]), self.references.get(schema_id, ()))
+            return cls.DESCRIPTOR.full_name, cls
+
+        cls = self._reader(key, build)
         return protobuf.message_to_row(cls.FromString(payload), self.schema)
 
-    def _cached(self, key: Any, build: Any) -> Any:
+    def _reader(self, key: Any, build: Any) -> Any:
+        """Parse a schema once per task; check its record name against `expected_record`."""
         if key not in self._parsed:
             self._parsed[key] = build()
-        return self._parsed[key]
+        name, parsed = self._parsed[key]
+        if self.expected_record and name != self.expected_record:
+            raise _WrongRecord(f"record {name} is not the expected {self.expected_record}")
+        return parsed
 
 
 class RecordEncoder:
@@ -197,8 +218,12 @@ def decode_registry(
     schemas: Mapping[int, tuple[str, str]],
     spark_schema: StructType,
     references: Mapping[int, Sequence[tuple[str, str]]] | None = None,
+    expected_record: str | None = None,
 ) -> DataFrame:
-    """Raw Kafka records -> payload columns of `spark_schema` + dpone metadata (see module doc)."""
+    """Raw Kafka records -> payload columns of `spark_schema` + dpone metadata (see module doc).
+
+    `references`: protobuf imports per schema id (`schema.registry.references_by_id`);
+    `expected_record`: see `RecordDecoder`."""
     payload_schema: StructType = nullable_schema(spark_schema)
     out_schema = StructType(
         [*raw.schema.fields, StructField(_PAYLOAD, payload_schema, True), StructField(C.CORRUPT, StringType(), True)]
@@ -208,7 +233,7 @@ def decode_registry(
     shipped_refs = {int(k): tuple(v) for k, v in (references or {}).items()}
 
     def decode_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        decoder = RecordDecoder(fmt, shipped, payload_schema, shipped_refs)
+        decoder = RecordDecoder(fmt, shipped, payload_schema, shipped_refs, expected_record)
         arrow_type = to_arrow_type(payload_schema, timezone="UTC")
         for batch in batches:
             yield _decode_batch(batch, decoder, arrow_type)
