@@ -471,20 +471,28 @@ def test_corrupt_records_and_tombstones(spark, client):
     assert reasons[5] == f"schema id {json_id} is JSON, expected AVRO at 0@5"
 
 
-def test_avro_keys_under_the_key_subject(spark, client):
+@pytest.mark.parametrize("key_format", ["avro", "json_schema"])
+def test_registry_keys_under_the_key_subject(spark, client, key_format):
     schema_id, text = registered(client, "orders", "avro")
-    key_struct = key_schema(SCHEMA, ["id"])
-    key_text = json.dumps(avro.spark_to_avro(key_struct, "OrderKey", "dpone.test"))
-    key_id = ensure_registered(client, subject_name("topic", "orders", None, is_key=True), key_text, "avro", True)
+    key_struct = key_schema(SCHEMA, ["id", "name"])
+    if key_format == "avro":
+        key_text = json.dumps(avro.spark_to_avro(key_struct, "OrderKey", "dpone.test"))
+        key_reader: Any = AvroDeserializer(client)
+    else:
+        key_text = json.dumps(json_schema.spark_to_json_schema(key_struct, "OrderKey"))
+        key_reader = JSONDeserializer(None, schema_registry_client=client)
+    key_subject = subject_name("topic", "orders", None, is_key=True)
+    key_id = ensure_registered(client, key_subject, key_text, key_format, True)
     df = spark.createDataFrame([tuple(r[n] for n in SCHEMA.names) for r in ROWS], SCHEMA).withColumn(
-        "tombstone", (F.col("id") == 2)
+        "tombstone", F.col("id") == 2
     )
     encoded = encode_registry(
         df, "avro", schema_id, text, SCHEMA.names, null_value_column="tombstone",
-        key=KeyEncoding("avro", key_id, key_text, ("id",)),
+        key=KeyEncoding(key_format, key_id, key_text, ("id", "name")),
     ).orderBy("id").collect()
-    key_reader = AvroDeserializer(client)
-    assert [key_reader(r["key"], ctx("orders", MessageField.KEY)) for r in encoded] == [{"id": 1}, {"id": 2}, {"id": 3}]
+    keys = [key_reader(r["key"], ctx("orders", MessageField.KEY)) for r in encoded]
+    assert keys == [{"id": 1, "name": "Ada"}, {"id": 2, "name": None}, {"id": 3, "name": None}]
+    assert [unframe(r["key"])[0] for r in encoded] == [key_id] * 3
     assert [r["value"] is None for r in encoded] == [False, True, False]
     assert "tombstone" in encoded[0].asDict()  # other columns pass through
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -54,7 +54,15 @@ def distinct_schema_ids(raw: DataFrame, column: str = "value") -> list[int]:
     return sorted(int(row["id"]) for row in ids.collect())
 
 
-def nullable_schema(dtype: DataType) -> Any:
+@overload
+def nullable_schema(dtype: StructType) -> StructType: ...
+
+
+@overload
+def nullable_schema(dtype: DataType) -> DataType: ...
+
+
+def nullable_schema(dtype: DataType) -> DataType:
     """`dtype` with every field/element/value nullable and no field metadata (decoded output)."""
     if isinstance(dtype, StructType):
         return StructType([StructField(f.name, nullable_schema(f.dataType), True) for f in dtype.fields])
@@ -224,7 +232,7 @@ def decode_registry(
 
     `references`: protobuf imports per schema id (`schema.registry.references_by_id`);
     `expected_record`: see `RecordDecoder`."""
-    payload_schema: StructType = nullable_schema(spark_schema)
+    payload_schema = nullable_schema(spark_schema)
     out_schema = StructType(
         [*raw.schema.fields, StructField(_PAYLOAD, payload_schema, True), StructField(C.CORRUPT, StringType(), True)]
     )
