@@ -15,6 +15,7 @@ def default_spark_conf() -> dict[str, Any]:
         "spark.master": os.environ.get("DPONE_SPARK_MASTER", "local[*]"),
         "spark.app.name": "dpone_dagster",
         "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": "8",
         # A failed producing task must fail the run rather than re-send silently.
