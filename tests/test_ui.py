@@ -98,5 +98,6 @@ def test_location_loads_with_assets_partitions_and_sensors(webserver):
     assert nodes["orders_hourly"]["isPartitioned"]
     assert "Hourly" in nodes["orders_hourly"]["partitionDefinition"]["description"]
     assert not nodes["orders_to_dwh"]["isPartitioned"]
+    assert nodes["orders_to_dwh"]["hasAssetChecks"]  # min_rows and source_target_count
     sensors = {s["name"] for s in repository["sensors"]}
     assert {"orders_to_dwh_on_orders_events", "orders_hourly_on_orders_events"} <= sensors
