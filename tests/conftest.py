@@ -32,7 +32,14 @@ def broker() -> Iterator[EmbeddedBroker]:
 def spark():
     from dpone_dagster.spark.session import get_spark
 
-    session = get_spark({"spark.master": "local[2]", "spark.sql.shuffle.partitions": "4"})
+    session = get_spark(
+        {
+            "spark.master": "local[2]",
+            "spark.sql.shuffle.partitions": "4",
+            # JDBC drivers from Debian (libpostgresql-jdbc-java, libmariadb-java) for SQL sources.
+            "spark.jars": "/usr/share/java/postgresql.jar,/usr/share/java/mariadb-java-client.jar",
+        }
+    )
     yield session
     session.stop()
 
