@@ -118,7 +118,10 @@ def _broker(connection_id: str) -> Check:
     from confluent_kafka.admin import AdminClient
 
     try:
-        metadata = AdminClient({**config, "socket.connection.setup.timeout.ms": 5000}).list_topics(timeout=8)
+        from dpone_dagster.kafka.config import driver_client_config
+
+        admin = AdminClient(driver_client_config({**config, "socket.connection.setup.timeout.ms": 5000}))
+        metadata = admin.list_topics(timeout=8)
         return Check(name, "ok", f"{config['bootstrap.servers']}: {len(metadata.brokers)} broker(s), {len(metadata.topics)} topic(s)", required=True)
     except Exception as exc:
         return Check(name, "fail", _short(exc), f"start the broker or fix {connection_id.upper()}_BOOTSTRAP_SERVERS", True)
@@ -135,9 +138,9 @@ def _schema_registry(connection_id: str) -> Check:
     if not config:
         return Check(name, "skip", "no schema_registry_url configured", "needed only for avro/json_schema/protobuf")
     try:
-        from confluent_kafka.schema_registry import SchemaRegistryClient
+        from dpone_dagster.schema.registry import registry_client
 
-        subjects = SchemaRegistryClient(config).get_subjects()
+        subjects = registry_client(config).get_subjects()
         return Check(name, "ok", f"{config['url']}: {len(subjects)} subject(s)", required=True)
     except Exception as exc:
         return Check(name, "fail", _short(exc), f"check {connection_id.upper()}_SCHEMA_REGISTRY_URL and credentials", True)
@@ -154,9 +157,13 @@ def _postgres(state_id: str) -> Check:
     try:
         import psycopg2
 
-        with psycopg2.connect(connect_timeout=5, **kwargs) as conn, conn.cursor() as cur:
-            cur.execute("select version()")
-            version = cur.fetchone()[0].split(",")[0]
+        conn = psycopg2.connect(connect_timeout=5, **kwargs)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("select version()")
+                version = cur.fetchone()[0].split(",")[0]
+        finally:
+            conn.close()
         return Check(name, "ok", version, required=True)
     except Exception as exc:
         return Check(name, "fail", _short(exc), f"start PostgreSQL or fix {state_id.upper()}_HOST/PORT/USER", True)

@@ -22,6 +22,7 @@ from dagster import (
 from dagster_pyspark import LazyPySparkResource
 
 from dpone_dagster.assets.partitions import is_closed, partition_settings, partitions_def_for, window_for_key
+from dpone_dagster.connections import redact_known_secrets
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.run import RunRequest, run_pipeline
 from dpone_dagster.errors import DponeError
@@ -96,7 +97,7 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None):
         except DponeError as exc:
             # Report the gates that ran, then fail: no materialization a later run could trust.
             yield from check_results(check_specs, exc.result.gates if exc.result else [], complete=False)
-            raise Failure(description=str(exc)) from exc
+            raise Failure(description=redact_known_secrets(str(exc))) from None
         yield from check_results(check_specs, result.gates, complete=True)
         metadata = materialization_metadata(result)
         if keys:

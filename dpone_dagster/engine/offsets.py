@@ -10,6 +10,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from dpone_dagster.errors import RunFailed
+from dpone_dagster.kafka.config import driver_client_config
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.state.base import RunRecord, StateStore
 
@@ -23,9 +24,15 @@ class OffsetStorage:
         self.client_config = client_config
         self.group_id = group_id
 
-    def load(self, fallback: dict[int, int] | None = None) -> dict[int, int]:
+    def load(self, fallback: dict[int, int] | None = None, pipeline: str | None = None, run_id: str | None = None) -> dict[int, int]:
+        """Stored offsets. `fallback` (offsets of the last Dagster materialization) is used only when
+        the store has never recorded another run of `pipeline`: a lost or new state database. A
+        store that has runs but no offsets was reset on purpose (`dpone state reset`)."""
         stored = self._committed_in_group() if self.mode == "kafka" else self.store.load_offsets(self.topic, self.group_id)
-        return stored or dict(fallback or {})
+        if stored or not fallback or pipeline is None:
+            return stored
+        earlier = [r for r in self.store.list_runs(pipeline, limit=2) if r.run_id != run_id]
+        return stored if earlier else dict(fallback)
 
     def commit(self, record: RunRecord, end_offsets: dict[int, int] | None) -> None:
         """Advance offsets (None: leave them) and mark the run successful."""
@@ -38,7 +45,9 @@ class OffsetStorage:
 
     def _consumer(self) -> Consumer:
         return Consumer(
-            {**self.client_config, "group.id": self.group_id, "enable.auto.commit": False, "allow.auto.create.topics": False}
+            driver_client_config(
+                {**self.client_config, "group.id": self.group_id, "enable.auto.commit": False, "allow.auto.create.topics": False}
+            )
         )
 
     def _committed_in_group(self) -> dict[int, int]:

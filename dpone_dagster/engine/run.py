@@ -155,7 +155,7 @@ def _run(
     offsets = OffsetStorage(manifest, store, source.client_config, source.group_id)
 
     with _stage(result, "plan", log):
-        stored = offsets.load(request.fallback_offsets)
+        stored = offsets.load(request.fallback_offsets, manifest.name, record.run_id)
         boundary = source.plan(stored, request.windows)
         result.boundary = boundary.as_dict()
         result.notes.extend(boundary.notes)

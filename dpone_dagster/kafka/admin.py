@@ -7,6 +7,7 @@ from typing import Any
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from dpone_dagster.errors import ConfigError
+from dpone_dagster.kafka.config import driver_client_config
 from dpone_dagster.manifest.models import TopicCreation
 
 
@@ -21,7 +22,7 @@ def existing_topics(admin: AdminClient, timeout_s: float = 10.0) -> dict[str, in
 
 def ensure_sink_topic(client_config: dict[str, Any], topic: str, creation: TopicCreation) -> int:
     """Return the partition count of the sink topic, creating it first when allowed."""
-    admin = AdminClient(dict(client_config))
+    admin = AdminClient(driver_client_config(client_config))
     topics = existing_topics(admin)
     if topic in topics:
         return topics[topic]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 from dpone_dagster.manifest.models import DeliveryOptions
@@ -31,3 +33,15 @@ def producer_config(client_config: dict[str, Any], delivery: DeliveryOptions) ->
         config["batch.num.messages"] = delivery.batch_num_messages
     config.update(delivery.producer_config)
     return config
+
+
+_DRIVER_LOG = logging.getLogger("dpone.librdkafka")
+if not os.environ.get("DPONE_LIBRDKAFKA_LOG"):
+    # Connection retries against a down broker log hundreds of lines; the failure itself reaches
+    # the user as an error with the cause. DPONE_LIBRDKAFKA_LOG=1 shows librdkafka's own log.
+    _DRIVER_LOG.setLevel(logging.CRITICAL)
+
+
+def driver_client_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Settings for clients created on the driver: librdkafka logs go to Python logging."""
+    return {**config, "logger": _DRIVER_LOG}

@@ -15,6 +15,7 @@ from confluent_kafka import OFFSET_END, Consumer, KafkaError, TopicPartition
 
 from dpone_dagster.errors import ConfigError, RunFailed
 from dpone_dagster.kafka.boundary import Watermarks
+from dpone_dagster.kafka.config import driver_client_config
 
 INSPECT_DEFAULTS: dict[str, Any] = {
     "enable.auto.commit": False,
@@ -28,7 +29,7 @@ INSPECT_DEFAULTS: dict[str, Any] = {
 
 def make_consumer(client_config: dict[str, Any], group_id: str, overrides: dict[str, Any] | None = None) -> Consumer:
     config = {**client_config, **INSPECT_DEFAULTS, "group.id": group_id, **(overrides or {})}
-    return Consumer(config)
+    return Consumer(driver_client_config(config))
 
 
 def topic_partitions(consumer: Consumer, topic: str, timeout_s: float = 10.0) -> list[int]:

@@ -9,6 +9,7 @@ from confluent_kafka.admin import AdminClient
 from dagster import ConfigurableResource
 
 from dpone_dagster.connections import ConnectionRefLike, resolve_kafka
+from dpone_dagster.kafka.config import driver_client_config
 
 
 class KafkaResource(ConfigurableResource):
@@ -20,15 +21,15 @@ class KafkaResource(ConfigurableResource):
         return {**resolve_kafka(ref).client_config(), **self.extra_config}
 
     def admin(self, ref: ConnectionRefLike) -> AdminClient:
-        return AdminClient(self.client_config(ref))
+        return AdminClient(driver_client_config(self.client_config(ref)))
 
     def consumer(self, ref: ConnectionRefLike, group_id: str) -> Consumer:
         return Consumer(
-            {
+            driver_client_config({
                 **self.client_config(ref),
                 "group.id": group_id,
                 "enable.auto.commit": False,
                 "allow.auto.create.topics": False,
                 "enable.partition.eof": True,
-            }
+            })
         )

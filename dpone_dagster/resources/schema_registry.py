@@ -15,6 +15,7 @@ from dagster import ConfigurableResource
 
 from dpone_dagster.connections import ConnectionRefLike, resolve_kafka
 from dpone_dagster.errors import ConfigError
+from dpone_dagster.schema.registry import registry_client
 
 
 class SchemaRegistryResource(ConfigurableResource):
@@ -31,4 +32,4 @@ class SchemaRegistryResource(ConfigurableResource):
                 f"connection {ref.connection_id}: no schema_registry_url; set "
                 f"{ref.connection_id.upper()}_SCHEMA_REGISTRY_URL or the resource's url"
             )
-        return SchemaRegistryClient(config)
+        return registry_client(config)

@@ -61,11 +61,11 @@ def decode_json(raw: DataFrame, schema: StructType, envelope: str) -> DataFrame:
         F.col("key").alias(C.SOURCE_KEY),
         F.col("headers").alias(C.SOURCE_HEADERS),
         corrupt.alias(C.CORRUPT),
-        _source_order().alias(C.ORDER),
+        source_order().alias(C.ORDER),
     )
 
 
-def _source_order() -> Column:
+def source_order() -> Column:
     """Source order across partitions: record timestamp, then partition and offset."""
     return F.struct(F.col("timestamp").alias("ts"), F.col("partition").alias("p"), F.col("offset").alias("o"))
 

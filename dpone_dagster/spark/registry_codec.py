@@ -37,7 +37,7 @@ from dpone_dagster.errors import ConfigError
 from dpone_dagster.schema import avro, json_schema, protobuf
 from dpone_dagster.schema.evolution import EvolutionPlan
 from dpone_dagster.schema.registry import SCHEMA_TYPES, WireFormatError, frame, to_spark_value, unframe
-from dpone_dagster.spark.decode import DELETE_OPS, _source_order
+from dpone_dagster.spark.decode import DELETE_OPS, source_order
 
 _PAYLOAD = "__dpone__payload"
 _MAX_REASON = 500
@@ -262,7 +262,7 @@ def decode_registry(
         F.col("key").alias(C.SOURCE_KEY),
         F.col("headers").alias(C.SOURCE_HEADERS),
         F.col(C.CORRUPT),
-        _source_order().alias(C.ORDER),
+        source_order().alias(C.ORDER),
     )
 
 
