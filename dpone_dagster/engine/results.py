@@ -24,6 +24,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     executors: list[str] = field(default_factory=list)
     gates: list[dict[str, Any]] = field(default_factory=list)
+    schema_evolution: dict[str, Any] | None = None
     lag_before: int | None = None
     lag_after: int | None = None
     started_at: str | None = None

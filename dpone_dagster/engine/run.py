@@ -16,6 +16,7 @@ from typing import Any
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from dpone_dagster import columns as C
 from dpone_dagster.connections import redact_known_secrets, resolve_kafka, resolve_postgres
@@ -99,12 +100,6 @@ def _refuse_unsupported(manifest: Manifest) -> None:
     """Settings the model accepts but this engine cannot execute yet: refuse before any IO."""
     if not isinstance(manifest.source, KafkaSource):
         raise ConfigError(f"source.type: {manifest.source.type} runs are not available yet; use a kafka source")
-    for path, fmt in (
-        ("source.options.message_format", manifest.source.options.message_format),
-        ("sink.options.message_format", manifest.sink.options.message_format),
-    ):
-        if fmt != "json":
-            raise ConfigError(f"{path}: {fmt} is not available yet; use json")
     if manifest.sink.options.delivery.mode == "exactly_once":
         raise ConfigError("sink.options.delivery.mode: exactly_once is not available yet; use idempotent")
 
@@ -151,7 +146,10 @@ def _run(
     log = request.log
     kafka_config = request.kafka_config or (lambda ref: resolve_kafka(ref).client_config())
     sink_config = kafka_config(manifest.sink)
-    source = KafkaBatchSource(manifest, kafka_config(manifest.source))
+    source_registry = (
+        _registry_config(manifest.source) if manifest.source.options.message_format != "json" else None
+    )
+    source = KafkaBatchSource(manifest, kafka_config(manifest.source), source_registry)
     offsets = OffsetStorage(manifest, store, source.client_config, source.group_id)
 
     with _stage(result, "plan", log):
@@ -291,11 +289,13 @@ def _post_publish_gates(manifest: Manifest, stats: Any, expected: int, result: R
 def _fail_on_corrupt(staged: DataFrame, corrupt: int, topic: str) -> None:
     if not corrupt:
         return
-    sample = staged.where(F.col(C.CORRUPT).isNotNull()).select(C.SOURCE_PARTITION, C.SOURCE_OFFSET).limit(5).collect()
+    sample = staged.where(F.col(C.CORRUPT).isNotNull()).select(C.SOURCE_PARTITION, C.SOURCE_OFFSET, C.CORRUPT).limit(5).collect()
     where = ", ".join(f"{row[0]}@{row[1]}" for row in sample)
+    reasons = sorted({row[2] for row in sample if row[2] and " at " in row[2]})  # registry decoders say why
     raise RunFailed(
-        f"{corrupt} record(s) of '{topic}' could not be decoded as JSON matching the schema "
-        f"(partition@offset: {where}); fix the producer, or declare source.options.schema with wider types"
+        f"{corrupt} record(s) of '{topic}' could not be decoded (partition@offset: {where})"
+        + (f": {'; '.join(reasons)}" if reasons else " as JSON matching the schema")
+        + "; fix the producer, or declare source.options.schema with wider types"
     )
 
 
@@ -334,10 +334,34 @@ def _shape(manifest: Manifest, staged: DataFrame, deletes: int, result: RunResul
             keyed_rows = kept
     if options.key.mode == "unique_key" and not shape.uses_dedupe(sink):
         keyed = shape.ordered_by_key(keyed)
+    registry = _registry_plan(manifest, keyed, result)
     ctx = shape.ShapeContext(
         pipeline=manifest.name,
         run_id=result.run_id,
         strategy=sink.strategy.mode,
         source_fields={"topic": manifest.source.topic} if isinstance(manifest.source, KafkaSource) else {},
     )
-    return shape.to_messages(keyed, sink, ctx), keyed_rows
+    return shape.to_messages(keyed, sink, ctx, registry), keyed_rows
+
+
+def _registry_plan(manifest: Manifest, keyed: DataFrame, result: RunResult) -> Any:
+    """Schema evolution against the sink subject (registry formats); None for JSON sinks."""
+    from dpone_dagster.sinks.registry import REGISTRY_FORMATS, plan_registry_write
+
+    if manifest.sink.options.message_format not in REGISTRY_FORMATS:
+        result.schema_evolution = {"target": "no registry: the target side of schema evolution is a no-op"}
+        return None
+    payload = StructType([f for f in keyed.schema.fields if f.name in C.payload_columns(keyed.columns) and f.name != shape.KEY])
+    plan = plan_registry_write(manifest, payload, _registry_config(manifest.sink))
+    result.schema_evolution = plan.as_dict()
+    return plan
+
+
+def _registry_config(block: Any) -> dict[str, Any]:
+    config = resolve_kafka(block).schema_registry_config()
+    if not config:
+        raise ConfigError(
+            f"connection {block.connection_id}: message_format {block.options.message_format} needs "
+            f"schema_registry_url ({block.connection_id.upper()}_SCHEMA_REGISTRY_URL)"
+        )
+    return config

@@ -138,6 +138,14 @@ def _registry_rules(m: Manifest) -> list[Problem]:
                     "connection",
                 )
             )
+    if sink_options.message_format in REGISTRY_FORMATS and sink_options.envelope == "dpone":
+        out.append(
+            Problem(
+                "sink.options.envelope",
+                f"envelope: dpone is JSON-only; with message_format: {sink_options.message_format} the row is "
+                "the registered record (envelope: flat) and deletes are tombstones",
+            )
+        )
     if m.sink.options.delivery.mode == "exactly_once" and not isinstance(m.source, KafkaSource):
         out.append(
             Problem(

@@ -69,6 +69,9 @@ _KNOWN_KEYS = {
     "error",
     "errors",
     "schema_evolution",
+    "gates",  # passed separately as gate results
+    "lag_before",
+    "lag_after",
 }
 _RUN_ID = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -101,6 +104,7 @@ def run_record(result: Mapping[str, Any], gates: Sequence[Any] = ()) -> dict[str
         "errors": errors,
         "notes": list(result.get("notes") or []),
         "executors": list(result.get("executors") or []),
+        "lag": {"before": result.get("lag_before"), "after": result.get("lag_after")},
     }
     if result.get("schema_evolution") is not None:
         record["schema_evolution"] = result["schema_evolution"]

@@ -57,13 +57,14 @@ def default_group_id(manifest: Manifest) -> str:
 
 
 class KafkaBatchSource:
-    def __init__(self, manifest: Manifest, client_config: dict[str, Any]):
+    def __init__(self, manifest: Manifest, client_config: dict[str, Any], registry_config: dict[str, Any] | None = None):
         assert isinstance(manifest.source, KafkaSource)
         self.manifest = manifest
         self.source: KafkaSource = manifest.source
         self.options = manifest.source.options
         self.client_config = client_config
         self.group_id = default_group_id(manifest)
+        self.registry_config = registry_config
 
     @property
     def topic(self) -> str:
@@ -149,20 +150,14 @@ class KafkaBatchSource:
     # ----------------------------------------------------------------------- extract
 
     def extract(self, spark: SparkSession, boundary: Boundary, log: Log) -> ExtractResult:
+        if self.options.message_format != "json":
+            return self._extract_registry(spark, boundary, log)
         tasks = split_into_tasks(boundary, self.options.records_per_task)
         sample = self._sample(boundary) if boundary.total else []
         envelope = self._resolve_envelope(sample)
         schema = self._schema(sample, envelope)
-        settings = ReaderSettings(
-            client_config=self.client_config,
-            group_id=self.group_id,
-            batch_size=self.options.batch_size,
-            poll_timeout_ms=self.options.poll_timeout_ms,
-            max_empty_polls=self.options.max_empty_polls,
-            consumer_overrides=tuple(self.options.consumer_config.items()),
-        )
         log(f"extract: {len(tasks)} Spark task(s) over {boundary.total} offsets of '{self.topic}'")
-        raw = read_ranges(spark, tasks, settings)
+        raw = read_ranges(spark, tasks, self._reader_settings())
         notes = [f"envelope: {envelope}" + (" (detected)" if self.options.envelope == "auto" else "")]
         if self.options.schema_ is None and boundary.total:
             raw = raw.cache()  # decoded twice only if the schema needs widening
@@ -172,6 +167,61 @@ class KafkaBatchSource:
                 schema = merge_structs(schema, self._infer([_loads(t) for t in texts], envelope))
                 notes.append(f"schema widened with fields not in the sample: {extra}")
         return ExtractResult(decode.decode_json(raw, schema, envelope), schema, envelope, notes)
+
+    def _reader_settings(self) -> ReaderSettings:
+        return ReaderSettings(
+            client_config=self.client_config,
+            group_id=self.group_id,
+            batch_size=self.options.batch_size,
+            poll_timeout_ms=self.options.poll_timeout_ms,
+            max_empty_polls=self.options.max_empty_polls,
+            consumer_overrides=tuple(self.options.consumer_config.items()),
+        )
+
+    def _extract_registry(self, spark: SparkSession, boundary: Boundary, log: Log) -> ExtractResult:
+        """Confluent-framed records: the schema ids in the batch are fetched once on the driver and
+        shipped to the executors, which decode with them (never calling the registry)."""
+        from dpone_dagster.schema.registry import references_by_id, registry_client, schemas_by_id
+        from dpone_dagster.spark.registry_codec import decode_registry, distinct_schema_ids
+
+        fmt = self.options.message_format
+        tasks = split_into_tasks(boundary, self.options.records_per_task)
+        log(f"extract: {len(tasks)} Spark task(s) over {boundary.total} offsets of '{self.topic}' ({fmt})")
+        raw = read_ranges(spark, tasks, self._reader_settings()).cache()
+        assert self.registry_config is not None
+        client = registry_client(self.registry_config)
+        ids = distinct_schema_ids(raw) if boundary.total else []
+        schemas = schemas_by_id(client, ids)
+        references = references_by_id(client, ids) if fmt == "protobuf" else None
+        schema = self._registry_schema(fmt, schemas, references)
+        notes = [f"{fmt}: schema id(s) {sorted(schemas)} from the registry"]
+        unknown = sorted(set(ids) - set(schemas))
+        if unknown:
+            notes.append(f"unknown schema id(s) {unknown}: their records are reported as undecodable")
+        return ExtractResult(decode_registry(raw, fmt, schemas, schema, references), schema, "flat", notes)
+
+    def _registry_schema(self, fmt: str, schemas: dict[int, tuple[str, str]], references: Any) -> StructType:
+        """The payload schema: declared in the manifest, or the union of the batch's registered
+        schemas (newest first, so the newest field order wins)."""
+        from dpone_dagster.schema import avro, json_schema, protobuf
+
+        if self.options.schema_ is not None:
+            return self._schema([], "flat")
+        registry_options = self.options.schema_registry
+        if fmt == "protobuf" and registry_options and registry_options.protobuf_message:
+            return protobuf.message_to_spark(protobuf.load_message_class(registry_options.protobuf_message))
+        merged = StructType([])
+        for schema_id in sorted(schemas, reverse=True):
+            _, text = schemas[schema_id]
+            if fmt == "avro":
+                part = avro.avro_to_spark(text)
+            elif fmt == "json_schema":
+                part = json_schema.json_schema_to_spark(text)
+            else:
+                refs = (references or {}).get(schema_id, ())
+                part = protobuf.message_to_spark(protobuf.message_class_from_schema(text, [0], refs))
+            merged = merge_structs(merged, part)
+        return merged
 
     def _sample(self, boundary: Boundary) -> list[Any]:
         """Up to schema_sample_size decoded values, spread across the partitions of the boundary."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import reduce
+from typing import TYPE_CHECKING
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -22,12 +23,16 @@ from dpone_dagster import columns as C
 from dpone_dagster.errors import ConfigError
 from dpone_dagster.manifest.models import KafkaSink
 
+if TYPE_CHECKING:
+    from dpone_dagster.sinks.registry import RegistryWritePlan
+
 JSON_WRITE_OPTIONS = {
     "ignoreNullFields": "false",
     "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
     "dateFormat": "yyyy-MM-dd",
 }
 KEY = "__dpone__key_out"
+TOMBSTONE = "__dpone__tombstone"
 DEDUPE_MODES = ("incremental_merge", "full_refresh", "replace", "snapshot_reconciliation", "cdc")
 
 
@@ -95,8 +100,9 @@ def dedupe(keyed: DataFrame, policy: str) -> DataFrame:
     return with_key.unionByName(keyed.where(F.col(KEY).isNull()))
 
 
-def to_messages(keyed: DataFrame, sink: KafkaSink, ctx: ShapeContext) -> DataFrame:
-    """Encode key/value/headers. Deletes must already be allowed (see engine pre-publish checks)."""
+def to_messages(keyed: DataFrame, sink: KafkaSink, ctx: ShapeContext, registry: RegistryWritePlan | None = None) -> DataFrame:
+    """Encode key/value/headers (JSON, or Schema Registry formats when `registry` is given).
+    Deletes must already be allowed (see engine pre-publish checks)."""
     options = sink.options
     payload = [c for c in C.payload_columns(keyed.columns) if c != KEY]
     data = F.struct(*[F.col(c) for c in payload])
@@ -114,8 +120,21 @@ def to_messages(keyed: DataFrame, sink: KafkaSink, ctx: ShapeContext) -> DataFra
         value = F.to_json(envelope, JSON_WRITE_OPTIONS)
     else:
         value = F.to_json(data, JSON_WRITE_OPTIONS)
-    if options.deletes.enabled and options.deletes.tombstone:
-        value = F.when(is_delete, F.lit(None).cast("string")).otherwise(value)
+    tombstone = is_delete if options.deletes.enabled and options.deletes.tombstone else F.lit(False)
+    if registry is not None:
+        from dpone_dagster.sinks.registry import encode_messages
+
+        staged = keyed.select(
+            F.col(KEY).alias("key"),
+            _headers(keyed, sink).alias("headers"),
+            F.lit(-1).cast("int").alias("partition"),
+            F.col(C.OP),
+            tombstone.alias(TOMBSTONE),
+            *[F.col(c) for c in payload],
+        )
+        encoded = encode_messages(staged, registry, payload, TOMBSTONE)
+        return encoded.select("key", "value", "headers", "partition", C.OP)
+    value = F.when(tombstone, F.lit(None).cast("string")).otherwise(value)
     return keyed.select(
         F.col(KEY).alias("key"),
         value.cast("binary").alias("value"),

@@ -1,0 +1,154 @@
+"""Schema Registry formats on the Kafka sink: plan the schema evolution against the subject's
+latest schema, register the result (when allowed) and encode values (and keys) on Spark.
+
+Runs before anything is produced: a breaking change fails the run with nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql.types import StructType
+
+from dpone_dagster.manifest.models import KafkaSink, Manifest
+from dpone_dagster.schema import avro, json_schema, protobuf
+from dpone_dagster.schema.evolution import EvolutionPlan, plan_evolution
+from dpone_dagster.schema.registry import (
+    ensure_references,
+    ensure_registered,
+    fetch_latest,
+    fetch_versions,
+    registry_client,
+    schema_type_of,
+    subject_name,
+)
+from dpone_dagster.spark.registry_codec import KeyEncoding, apply_routes, encode_registry, key_schema
+
+REGISTRY_FORMATS = ("avro", "json_schema", "protobuf")
+
+
+@dataclass(frozen=True)
+class RegistryWritePlan:
+    fmt: str
+    subject: str
+    schema_id: int
+    schema_str: str
+    evolution: EvolutionPlan | None
+    message_indexes: tuple[int, ...] | None = None
+    references: tuple[tuple[str, str], ...] = ()
+    key: KeyEncoding | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "format": self.fmt,
+            "subject": self.subject,
+            "schema_id": self.schema_id,
+            "key_subject_schema_id": self.key.schema_id if self.key else None,
+            "evolution": self.evolution.as_dict() if self.evolution else None,
+        }
+
+
+def record_name(manifest: Manifest) -> tuple[str, str]:
+    """Stable Avro/JSON record name and namespace: explicit, or derived from the sink topic."""
+    options = manifest.sink.options.schema_registry
+    name = options.record_name or avro.safe_name(manifest.sink.topic.replace(".", "_").replace("-", "_"))
+    namespace = options.record_namespace or "dpone"
+    return name, namespace
+
+
+def writer_schema_text(fmt: str, schema: StructType, name: str, namespace: str) -> str:
+    if fmt == "avro":
+        return json.dumps(avro.spark_to_avro(schema, name, namespace))
+    return json.dumps(json_schema.spark_to_json_schema(schema, f"{namespace}.{name}"))
+
+
+def target_schema(fmt: str, schema_str: str) -> StructType:
+    return avro.avro_to_spark(schema_str) if fmt == "avro" else json_schema.json_schema_to_spark(schema_str)
+
+
+def plan_registry_write(manifest: Manifest, source_schema: StructType, registry_config: dict[str, Any]) -> RegistryWritePlan:
+    """Evolve the value schema against the subject (or take the protobuf class) and register it."""
+    sink: KafkaSink = manifest.sink
+    options = sink.options.schema_registry
+    fmt = sink.options.message_format
+    client = registry_client(registry_config)
+    name, namespace = record_name(manifest)
+    if fmt == "protobuf":
+        return _protobuf_plan(manifest, client)
+    fullname = f"{namespace}.{name}"
+    subject = subject_name(options.subject_name_strategy, sink.topic, fullname)
+    latest = fetch_latest(client, subject)
+    target = target_schema(fmt, latest.schema.schema_str) if latest is not None else None
+    history = tuple(target_schema(fmt, v.schema.schema_str) for v in fetch_versions(client, subject)[:-1]) if latest else ()
+    if sink.options.schema_evolution:
+        evolution = plan_evolution(source_schema, target, options.compatibility, sink.options.on_type_change, history)
+        evolution.raise_if_breaking(subject)
+        result = evolution.result_schema
+    else:
+        evolution, result = None, target or source_schema
+    schema_str = writer_schema_text(fmt, result, name, namespace)
+    if latest is not None and (evolution is None or not evolution.changed):
+        schema_str = latest.schema.schema_str  # nothing to change: write with the registered schema
+    schema_id = ensure_registered(client, subject, schema_str, schema_type_of(fmt), options.auto_register_schemas)
+    key = _key_encoding(manifest, client, result)
+    return RegistryWritePlan(fmt, subject, schema_id, schema_str, evolution, key=key)
+
+
+def _protobuf_plan(manifest: Manifest, client: Any) -> RegistryWritePlan:
+    from dpone_dagster.errors import ConfigError
+
+    sink = manifest.sink
+    options = sink.options.schema_registry
+    if not options.protobuf_message:
+        raise ConfigError(
+            "sink.options.schema_registry.protobuf_message: message_format protobuf needs the generated "
+            "message class, e.g. protobuf_message: 'mypkg.orders_pb2:Order' (importable on the driver)"
+        )
+    message_class = protobuf.load_message_class(options.protobuf_message)
+    descriptor_name = message_class.DESCRIPTOR.full_name
+    subject = subject_name(options.subject_name_strategy, sink.topic, descriptor_name)
+    refs = ensure_references(client, protobuf.dependency_files(message_class), options.auto_register_schemas)
+    references = [refs[name] for name in protobuf.direct_imports(message_class) if name in refs]
+    schema_str = protobuf.schema_string(message_class)
+    schema_id = ensure_registered(client, subject, schema_str, "PROTOBUF", options.auto_register_schemas, references)
+    files = tuple((f.name, f.schema_str) for f in protobuf.dependency_files(message_class))
+    return RegistryWritePlan(
+        "protobuf", subject, schema_id, schema_str, None, tuple(protobuf.message_indexes(message_class)), files
+    )
+
+
+def _key_encoding(manifest: Manifest, client: Any, value_schema: StructType) -> KeyEncoding | None:
+    sink = manifest.sink
+    key_format = sink.options.key.format
+    if key_format not in ("avro", "json_schema") or sink.options.key.mode != "unique_key":
+        return None
+    columns = sink.strategy.unique_key_columns
+    schema = key_schema(value_schema, columns)
+    name, namespace = record_name(manifest)
+    key_text = writer_schema_text(key_format, schema, f"{name}_key", namespace)
+    subject = subject_name("topic", sink.topic, None, is_key=True)
+    schema_id = ensure_registered(
+        client, subject, key_text, schema_type_of(key_format), sink.options.schema_registry.auto_register_schemas
+    )
+    return KeyEncoding(key_format, schema_id, key_text, tuple(columns))
+
+
+def encode_messages(keyed: DataFrame, plan: RegistryWritePlan, payload: list[str], tombstone_column: str) -> DataFrame:
+    """Replace the `value` column (and `key` for registry keys) with Confluent-framed bytes."""
+    if plan.evolution is not None:
+        keyed = apply_routes(keyed, plan.evolution)
+        payload = [f.name for f in plan.evolution.result_schema.fields if f.name in keyed.columns]
+    return encode_registry(
+        keyed,
+        plan.fmt,
+        plan.schema_id,
+        plan.schema_str,
+        payload,
+        null_value_column=tombstone_column,
+        message_indexes=plan.message_indexes,
+        references=plan.references,
+        key=plan.key,
+    )
