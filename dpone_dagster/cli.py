@@ -92,6 +92,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("run_id")
     p.set_defaults(handler=cmd_runs_show)
 
+    schema = sub.add_parser("schema", help="source schema inference and the sink's physical schema plan")
+    schema_sub = schema.add_subparsers(dest="schema_command")
+    for name, handler in (("infer", cmd_schema_infer), ("physical-plan", cmd_schema_physical_plan)):
+        p = schema_sub.add_parser(name)
+        p.add_argument("--manifest", required=True)
+        p.add_argument("--format", choices=("md", "json"), default="md")
+        p.set_defaults(handler=handler)
+
     broker = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (local development)")
     p = broker.add_subparsers(dest="broker_command").add_parser("start")
     p.add_argument("--port", type=int, default=None)
@@ -252,6 +260,20 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     from dpone_dagster.observability.artifacts import show_run
 
     print(json.dumps(show_run(load_manifest(args.manifest).observability.artifacts.path, args.run_id), indent=2, default=str))
+    return EXIT_OK
+
+
+def cmd_schema_infer(args: argparse.Namespace) -> int:
+    from dpone_dagster.schema.commands import infer, render
+
+    print(redact_known_secrets(render(infer(load_manifest(args.manifest)), args.format)))
+    return EXIT_OK
+
+
+def cmd_schema_physical_plan(args: argparse.Namespace) -> int:
+    from dpone_dagster.schema.commands import physical_plan, render
+
+    print(redact_known_secrets(render(physical_plan(load_manifest(args.manifest)), args.format)))
     return EXIT_OK
 
 

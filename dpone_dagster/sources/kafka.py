@@ -153,8 +153,8 @@ class KafkaBatchSource:
         if self.options.message_format != "json":
             return self._extract_registry(spark, boundary, log)
         tasks = split_into_tasks(boundary, self.options.records_per_task)
-        sample = self._sample(boundary) if boundary.total else []
-        envelope = self._resolve_envelope(sample)
+        sample = self.sample_values(boundary) if boundary.total else []
+        envelope = self.resolve_envelope(sample)
         schema = self._schema(sample, envelope)
         log(f"extract: {len(tasks)} Spark task(s) over {boundary.total} offsets of '{self.topic}'")
         raw = read_ranges(spark, tasks, self._reader_settings())
@@ -223,7 +223,7 @@ class KafkaBatchSource:
             merged = merge_structs(merged, part)
         return merged
 
-    def _sample(self, boundary: Boundary) -> list[Any]:
+    def sample_values(self, boundary: Boundary) -> list[Any]:
         """Up to schema_sample_size decoded values, spread across the partitions of the boundary."""
         wanted = self.options.schema_sample_size
         ranges = [r for r in boundary.ranges if r.size]
@@ -239,7 +239,7 @@ class KafkaBatchSource:
             consumer.close()
         return values
 
-    def _resolve_envelope(self, sample: list[Any]) -> str:
+    def resolve_envelope(self, sample: list[Any]) -> str:
         if self.options.envelope != "auto":
             return self.options.envelope
         objects = [v for v in sample if isinstance(v, dict)]
