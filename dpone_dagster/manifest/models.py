@@ -109,7 +109,10 @@ class KafkaSourceOptions(StrictModel):
 
 class KafkaSource(ConnectionRef):
     type: Literal["kafka"]
-    topic: str = Field(min_length=1)
+    # One topic (every mode), or several topics / a regex (replication: delivery.mode exactly_once).
+    topic: str = Field(default="", min_length=0)
+    topics: list[str] | None = None
+    topic_pattern: str | None = None
     options: KafkaSourceOptions = Field(default_factory=KafkaSourceOptions)
 
 
@@ -201,6 +204,35 @@ class HeaderOptions(StrictModel):
     replicate_source: bool = False
 
 
+class ControlTopicOptions(StrictModel):
+    """Compacted topic on the TARGET cluster holding replicated source offsets (exactly_once)."""
+
+    name: str = "__dpone_replication_offsets"
+    # Isolates pipelines sharing one control topic; defaults to the manifest name.
+    commit_group: str | None = None
+    create: bool = True
+    partitions: int = Field(default=1, gt=0)
+    replication_factor: int = Field(default=1, gt=0)
+
+
+class ReplicationOptions(StrictModel):
+    """Kafka -> Kafka replication features (the Lenses K2K concepts)."""
+
+    topic_mapping: Literal["same", "prefix", "suffix", "regex"] = "same"
+    prefix: str = ""
+    suffix: str = ""
+    pattern: str | None = None  # topic_mapping regex: re.sub(pattern, replacement, topic)
+    replacement: str | None = None
+    partition_mapping: Literal["keep", "partitioner"] = "keep"
+    replicate_headers: bool = True
+    keep_timestamps: bool = True
+    tracing_headers: bool = False
+    # Re-register value schemas in the target registry and rewrite schema ids (both sides need a registry).
+    schema_mapping: bool = False
+    control_topic: ControlTopicOptions = Field(default_factory=ControlTopicOptions)
+    transaction_timeout_ms: int = Field(default=60_000, gt=0)
+
+
 class TopicCreation(StrictModel):
     enabled: bool = False
     partitions: int = Field(default=1, gt=0)
@@ -219,11 +251,13 @@ class KafkaSinkOptions(StrictModel):
     create_topic: TopicCreation = Field(default_factory=TopicCreation)
     on_type_change: Literal["fail", "new_column"] = "fail"
     schema_evolution: bool = True
+    replication: ReplicationOptions = Field(default_factory=ReplicationOptions)
 
 
 class KafkaSink(ConnectionRef):
     type: Literal["kafka"]
-    topic: str = Field(min_length=1)
+    # Required except for replication, where sink.options.replication.topic_mapping names targets.
+    topic: str = Field(default="", min_length=0)
     strategy: Strategy = Field(default_factory=Strategy)
     options: KafkaSinkOptions = Field(default_factory=KafkaSinkOptions)
 
@@ -233,7 +267,8 @@ class KafkaSink(ConnectionRef):
 
 class StateConfig(StrictModel):
     # postgres: tables in the state connection; local: JSON files under `path` (embedded default).
-    type: Literal["postgres", "local"] = "local"
+    # kafka_control_topic: offsets live in the replication control topic (exactly_once), read-only here.
+    type: Literal["postgres", "local", "kafka_control_topic"] = "local"
     connection_id: str | None = None
     connection_type: ConnectionType = "env"
     params: dict[str, Any] | None = None

@@ -31,6 +31,7 @@ def check_rules(manifest: Manifest) -> list[Problem]:
     problems += _source_rules(manifest)
     problems += _state_rules(manifest)
     problems += _quality_rules(manifest)
+    problems += _topic_rules(manifest)
     return problems
 
 
@@ -219,3 +220,44 @@ def _quality_rules(m: Manifest) -> list[Problem]:
     except ConfigError as exc:
         return [Problem("quality.checks", str(exc))]
     return []
+
+
+def _topic_rules(m: Manifest) -> list[Problem]:
+    """One source topic for ETL; several topics or a regex only for exactly_once replication."""
+    out: list[Problem] = []
+    replication = m.sink.options.delivery.mode == "exactly_once"
+    if isinstance(m.source, KafkaSource):
+        given = [name for name, value in (("topic", m.source.topic), ("topics", m.source.topics), ("topic_pattern", m.source.topic_pattern)) if value]
+        if not given:
+            out.append(
+                Problem(
+                    "source.topic",
+                    "required field is missing; add `topic: ...` (or topics / topic_pattern for exactly_once replication)",
+                )
+            )
+        elif len(given) > 1:
+            out.append(Problem("source.topic", f"set only one of topic, topics or topic_pattern (got {', '.join(given)})"))
+        elif given[0] != "topic" and not replication:
+            out.append(
+                Problem(
+                    f"source.{given[0]}",
+                    "several topics or a pattern are for replication (sink.options.delivery.mode: exactly_once); "
+                    "use one manifest per topic for ETL",
+                )
+            )
+    mapping = m.sink.options.replication.topic_mapping
+    if not m.sink.topic and not (replication and mapping != "same"):
+        out.append(Problem("sink.topic", "required field is missing; add `topic: ...`"))
+    if mapping == "regex" and (m.sink.options.replication.pattern is None or m.sink.options.replication.replacement is None):
+        out.append(Problem("sink.options.replication", "topic_mapping: regex needs pattern and replacement"))
+    if m.state.type == "kafka_control_topic" and not replication:
+        out.append(Problem("state.type", "kafka_control_topic holds offsets of exactly_once replication only"))
+    if replication and m.sink.strategy.mode not in ("incremental_append", "kafka_offsets"):
+        out.append(
+            Problem(
+                "sink.strategy.mode",
+                "exactly_once replication copies records as they are (incremental_append); keyed merges and "
+                "de-duplication need at_least_once or idempotent delivery",
+            )
+        )
+    return out
