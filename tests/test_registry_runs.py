@@ -191,7 +191,7 @@ def test_wrong_magic_byte_and_unknown_schema_id_fail_with_the_reason(broker, spa
     producer.produce(src, value=b"\x00\x00\x00\x03\xe7\x02")  # schema id 999
     producer.flush(10)
     source = "    message_format: avro\n    schema_registry: {enabled: true}"
-    with pytest.raises(RunFailed, match=r"2 record\(s\) .* could not be decoded .*unknown schema id 999.*wrong magic byte 0x7b"):
+    with pytest.raises(RunFailed, match=r"2 record\(s\) .* could not be decoded (?=.*unknown schema id 999)(?=.*wrong magic byte 0x7b)"):
         run_pipeline(parse_manifest(manifest(src, dst, tmp_path, "    message_format: json", source)), spark)
 
 

@@ -17,6 +17,8 @@ class RunResult:
     tombstones: int = 0
     deletes_skipped: int = 0
     duplicates_removed: int = 0
+    rows_dead_lettered: int = 0
+    rows_skipped: int = 0
     bytes_produced: int = 0
     committed_offsets: dict[int, int] = field(default_factory=dict)
     sink_partitions: list[dict[str, int]] = field(default_factory=list)
@@ -46,6 +48,8 @@ class RunResult:
             "tombstones": self.tombstones,
             "deletes_skipped": self.deletes_skipped,
             "duplicates_removed": self.duplicates_removed,
+            "rows_dead_lettered": self.rows_dead_lettered,
+            "rows_skipped": self.rows_skipped,
             "bytes_produced": self.bytes_produced,
         }
 

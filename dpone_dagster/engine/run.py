@@ -14,17 +14,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from dpone_dagster import columns as C
 from dpone_dagster.connections import redact_known_secrets, resolve_kafka, resolve_postgres
+from dpone_dagster.engine.bad_records import handle_bad_records
 from dpone_dagster.engine.offsets import OffsetStorage
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.errors import ConfigError, DponeError, RunFailed
 from dpone_dagster.kafka.admin import ensure_sink_topic
 from dpone_dagster.kafka.config import producer_config
+from dpone_dagster.kafka.errors import classify_text
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.sources.kafka import KafkaBatchSource, TimeWindow
 from dpone_dagster.spark import shape
@@ -57,6 +59,12 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
     result = RunResult(run_id=run_id, pipeline=manifest.name)
     _refuse_unsupported(manifest)
     store = open_manifest_state_store(manifest)
+    if not store.try_lock(manifest.name):
+        store.close()
+        raise RunFailed(
+            f"another run of pipeline '{manifest.name}' is in progress (its lock is held in the state store "
+            f"{store.describe()}); two runs of one pipeline never overlap — wait for it to finish"
+        )
     record = RunRecord(run_id=run_id, pipeline=manifest.name, status="running", started_at=utcnow())
     result.started_at = record.started_at.isoformat()
     store.start_run(record)
@@ -67,6 +75,7 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
         result.error = redact_known_secrets(str(exc))
         result.finished_at = utcnow().isoformat()
         store.finish_run_failed(_record(record, result, "failed"))
+        store.unlock(manifest.name)
         store.close()
         _write_artifacts(manifest, result, request.log)
         error = exc if isinstance(exc, DponeError) else RunFailed(f"run {run_id} failed: {result.error}")
@@ -74,6 +83,7 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
         if error is exc:
             raise
         raise error from exc
+    store.unlock(manifest.name)
     store.close()
     _write_artifacts(manifest, result, request.log)
     return result
@@ -175,15 +185,25 @@ def _run(
                 F.sum(F.when(F.col(C.OP) == C.DELETE, 1).otherwise(0)).alias("deletes"),
             ).first()
             result.rows_extracted = int(counts["rows"])
-            _fail_on_corrupt(staged, int(counts["corrupt"]), boundary.topic)
+            corrupt = int(counts["corrupt"])
+            if corrupt:
+                bad = staged.where(F.col(C.CORRUPT).isNotNull()).select(
+                    F.col(C.SOURCE_PARTITION).alias("partition"),
+                    F.col(C.SOURCE_OFFSET).alias("offset"),
+                    _corrupt_reason().alias("reason"),
+                )
+                what = f"record(s) of '{boundary.topic}' could not be decoded"
+                handle_bad_records(manifest, bad, corrupt, extracted.raw, sink_config, result, what)
+                staged = staged.where(F.col(C.CORRUPT).isNull())
 
         with _stage(result, "quality_pre", log):
             _pre_publish_gates(manifest, staged, boundary, result)
 
-        if result.rows_extracted == 0:
+        if result.rows_extracted - result.rows_dead_lettered - result.rows_skipped == 0:
             log("extract: no new records; nothing to produce")
         else:
-            _shape_and_load(manifest, staged, int(counts["deletes"] or 0), sink_config, result, log)
+            deletes = int(counts["deletes"] or 0)
+            _shape_and_load(manifest, staged, deletes, extracted.raw, sink_config, result, log)
     finally:
         if staged is not None:
             staged.unpersist()
@@ -201,10 +221,16 @@ def _run(
 
 
 def _shape_and_load(
-    manifest: Manifest, staged: DataFrame, deletes: int, sink_config: dict, result: RunResult, log: Log
+    manifest: Manifest,
+    staged: DataFrame,
+    deletes: int,
+    raw: DataFrame | None,
+    sink_config: dict,
+    result: RunResult,
+    log: Log,
 ) -> None:
     with _stage(result, "shape", log):
-        messages, expected = _shape(manifest, staged, deletes, result)
+        messages, expected = _shape(manifest, staged, deletes, raw, sink_config, result)
     with _stage(result, "load", log):
         delivery = manifest.sink.options.delivery
         stats = produce(
@@ -221,9 +247,11 @@ def _shape_and_load(
         result.sink_partitions = [p.__dict__ for p in stats.partitions]
         result.executors = list(stats.executors)
         if not stats.ok:
+            classified = classify_text(" ".join(stats.errors))
             raise RunFailed(
-                f"{stats.failed} message(s) to '{manifest.sink.topic}' were not delivered "
-                f"({'; '.join(stats.errors)}); no state was advanced — fix the cause and rerun"
+                f"{stats.failed} message(s) to '{manifest.sink.topic}' were not delivered: "
+                + classified.message("; ".join(stats.errors))
+                + "; no state was advanced, a rerun re-produces the batch"
             )
     with _stage(result, "quality_post", log):
         _post_publish_gates(manifest, stats, expected, result)
@@ -286,21 +314,16 @@ def _post_publish_gates(manifest: Manifest, stats: Any, expected: int, result: R
 
 
 
-def _fail_on_corrupt(staged: DataFrame, corrupt: int, topic: str) -> None:
-    if not corrupt:
-        return
-    sample = staged.where(F.col(C.CORRUPT).isNotNull()).select(C.SOURCE_PARTITION, C.SOURCE_OFFSET, C.CORRUPT).limit(5).collect()
-    where = ", ".join(f"{row[0]}@{row[1]}" for row in sample)
-    reasons = sorted({row[2] for row in sample if row[2] and " at " in row[2]})  # registry decoders say why
-    raise RunFailed(
-        f"{corrupt} record(s) of '{topic}' could not be decoded (partition@offset: {where})"
-        + (f": {'; '.join(reasons)}" if reasons else " as JSON matching the schema")
-        + "; fix the producer, or declare source.options.schema with wider types"
-    )
+def _corrupt_reason() -> Column:
+    """Every decoder says why and where ("unknown schema id 42 at 0@18")."""
+    return F.col(C.CORRUPT)
 
 
-def _shape(manifest: Manifest, staged: DataFrame, deletes: int, result: RunResult) -> tuple[DataFrame, int]:
-    """Apply key, delete policy and duplicate policy; returns (messages, expected message count)."""
+def _shape(
+    manifest: Manifest, staged: DataFrame, deletes: int, raw: DataFrame | None, sink_config: dict, result: RunResult
+) -> tuple[DataFrame, int]:
+    """Apply key, delete policy, bad-key policy, duplicate policy and the size limit; returns
+    (messages, expected message count). Nothing is produced here."""
     sink = manifest.sink
     options = sink.options
     batch = staged
@@ -317,7 +340,19 @@ def _shape(manifest: Manifest, staged: DataFrame, deletes: int, result: RunResul
         missing = keyed.where((F.col(C.OP) == C.DELETE) & F.col(shape.KEY).isNull()).count()
         if missing:
             raise RunFailed(f"{missing} delete(s) have no key, so no tombstone can be produced; check unique_key")
-    keyed_rows = result.rows_extracted - result.deletes_skipped
+    key_columns = sink.strategy.unique_key_columns
+    if options.key.mode == "unique_key" and key_columns:
+        keyless = keyed.where((F.col(C.OP) == C.UPSERT) & F.col(shape.KEY).isNull())
+        count = keyless.count()
+        if count:
+            bad = keyless.select(
+                F.col(C.SOURCE_PARTITION).alias("partition"),
+                F.col(C.SOURCE_OFFSET).alias("offset"),
+                F.lit(f"missing unique key {list(key_columns)}").alias("reason"),
+            )
+            handle_bad_records(manifest, bad, count, raw, sink_config, result, "record(s) have no unique key")
+            keyed = keyed.where(~((F.col(C.OP) == C.UPSERT) & F.col(shape.KEY).isNull()))
+    keyed_rows = result.rows_extracted - result.deletes_skipped - result.rows_dead_lettered - result.rows_skipped
     if sink.strategy.mode in shape.DEDUPE_MODES and options.key.mode == "unique_key":
         policy = sink.strategy.duplicate_policy
         if policy == "fail":
@@ -341,7 +376,32 @@ def _shape(manifest: Manifest, staged: DataFrame, deletes: int, result: RunResul
         strategy=sink.strategy.mode,
         source_fields={"topic": manifest.source.topic} if isinstance(manifest.source, KafkaSource) else {},
     )
-    return shape.to_messages(keyed, sink, ctx, registry), keyed_rows
+    messages = shape.to_messages(keyed, sink, ctx, registry)
+    return _enforce_size_limit(manifest, messages, keyed_rows, raw, sink_config, result)
+
+
+def _enforce_size_limit(
+    manifest: Manifest, messages: DataFrame, expected: int, raw: DataFrame | None, sink_config: dict, result: RunResult
+) -> tuple[DataFrame, int]:
+    """Messages over message.max.bytes are found before producing (brokers may not enforce it)."""
+    limit = int(producer_config(sink_config, manifest.sink.options.delivery).get("message.max.bytes", 1_000_000))
+    size = (
+        F.coalesce(F.length("key"), F.lit(0))
+        + F.coalesce(F.length("value"), F.lit(0))
+        + F.coalesce(F.aggregate(F.col("headers"), F.lit(0), lambda acc, h: acc + F.length(h["key"]) + F.coalesce(F.length(h["value"]), F.lit(0))), F.lit(0))
+    )
+    sized = messages.withColumn("__size", size)
+    too_large = sized.where(F.col("__size") > limit)
+    count = too_large.count()
+    if not count:
+        return messages, expected
+    bad = too_large.select(
+        F.col(C.SOURCE_PARTITION).alias("partition"),
+        F.col(C.SOURCE_OFFSET).alias("offset"),
+        F.concat(F.lit("message of "), F.col("__size").cast("string"), F.lit(f" bytes exceeds message.max.bytes {limit}")).alias("reason"),
+    )
+    handle_bad_records(manifest, bad, count, raw, sink_config, result, f"message(s) exceed message.max.bytes {limit}")
+    return sized.where(F.col("__size") <= limit).drop("__size"), expected - count
 
 
 def _registry_plan(manifest: Manifest, keyed: DataFrame, result: RunResult) -> Any:

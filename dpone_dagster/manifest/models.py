@@ -79,6 +79,14 @@ class TimeWindowPartitions(StrictModel):
     on_retention_gap: Literal["fail", "warn"] = "fail"
 
 
+class DeadLetterOptions(StrictModel):
+    """Where on_error: dead_letter sends bad records (on the sink's cluster)."""
+
+    topic: str = Field(min_length=1)
+    create: bool = False
+    partitions: int = Field(default=1, gt=0)
+
+
 class KafkaSourceOptions(StrictModel):
     group_id: str | None = None
     read_mode: Literal["offsets", "time_window", "max_records"] = "offsets"
@@ -105,6 +113,11 @@ class KafkaSourceOptions(StrictModel):
     schema_registry: SchemaRegistryOptions | None = None
     # Raw librdkafka consumer settings passed through unchanged.
     consumer_config: dict[str, Any] = Field(default_factory=dict)
+    # Bad input (undecodable value, wrong magic byte, unknown schema id, value not matching the
+    # schema, missing unique key, message too large): fail the run, send it to a dead-letter topic,
+    # or skip it; every bad record is counted either way.
+    on_error: Literal["fail", "dead_letter", "skip"] = "fail"
+    dead_letter: DeadLetterOptions | None = None
 
 
 class KafkaSource(ConnectionRef):

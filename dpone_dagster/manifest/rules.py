@@ -183,6 +183,10 @@ def _source_rules(m: Manifest) -> list[Problem]:
         out.append(
             Problem("source.options.partitions.cron", "granularity: cron needs cron: '<expression>'")
         )
+    if options.on_error == "dead_letter" and options.dead_letter is None:
+        out.append(
+            Problem("source.options.dead_letter", "on_error: dead_letter needs dead_letter: {topic: <dlq topic>}")
+        )
     if options.offset_storage == "kafka" and not options.group_id:
         out.append(
             Problem(

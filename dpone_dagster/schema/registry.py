@@ -16,13 +16,15 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from typing import Any
 from uuid import UUID
 
+import httpx
 from confluent_kafka.schema_registry import RegisteredSchema, Schema, SchemaReference, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from pyspark.sql.types import (
@@ -505,3 +507,21 @@ _SCALARS: dict[type, Any] = {
     DateType: _date,
     NullType: lambda value, dtype: None,
 }
+
+
+@contextmanager
+def registry_errors(config: Mapping[str, Any]) -> Iterator[None]:
+    """Turn transport failures (connection refused, DNS, TLS, timeouts) into a ConfigError that
+    names the cause and the fix; registry answers (SchemaRegistryError) are classified too."""
+    from dpone_dagster.kafka.errors import classify_registry
+
+    url = str(config.get("url", ""))
+    try:
+        yield
+    except SchemaRegistryError as error:
+        classified = classify_registry(getattr(error, "http_status_code", None), str(error))
+        if classified.kind == "retriable":
+            raise ConfigError(classified.message(f"{url}: {error}")) from None
+        raise
+    except (httpx.HTTPError, OSError) as error:
+        raise ConfigError(classify_registry(None).message(f"{url}: {type(error).__name__}: {error}")) from None

@@ -22,6 +22,7 @@ from dpone_dagster.schema.registry import (
     fetch_latest,
     fetch_versions,
     registry_client,
+    registry_errors,
     schema_type_of,
     subject_name,
 )
@@ -71,6 +72,11 @@ def target_schema(fmt: str, schema_str: str) -> StructType:
 
 def plan_registry_write(manifest: Manifest, source_schema: StructType, registry_config: dict[str, Any]) -> RegistryWritePlan:
     """Evolve the value schema against the subject (or take the protobuf class) and register it."""
+    with registry_errors(registry_config):
+        return _plan_registry_write(manifest, source_schema, registry_config)
+
+
+def _plan_registry_write(manifest: Manifest, source_schema: StructType, registry_config: dict[str, Any]) -> RegistryWritePlan:
     sink: KafkaSink = manifest.sink
     options = sink.options.schema_registry
     fmt = sink.options.message_format

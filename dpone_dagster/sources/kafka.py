@@ -48,6 +48,8 @@ class ExtractResult:
     schema: StructType  # payload schema
     envelope: str
     notes: list[str] = field(default_factory=list)
+    # The raw records (re-readable: the boundary is fixed), for dead-lettering bad ones.
+    raw: DataFrame | None = None
 
 
 def default_group_id(manifest: Manifest) -> str:
@@ -166,7 +168,7 @@ class KafkaBatchSource:
                 texts = decode.sample_values_with_keys(raw, envelope, extra)
                 schema = merge_structs(schema, self._infer([_loads(t) for t in texts], envelope))
                 notes.append(f"schema widened with fields not in the sample: {extra}")
-        return ExtractResult(decode.decode_json(raw, schema, envelope), schema, envelope, notes)
+        return ExtractResult(decode.decode_json(raw, schema, envelope), schema, envelope, notes, raw)
 
     def _reader_settings(self) -> ReaderSettings:
         return ReaderSettings(
@@ -181,7 +183,12 @@ class KafkaBatchSource:
     def _extract_registry(self, spark: SparkSession, boundary: Boundary, log: Log) -> ExtractResult:
         """Confluent-framed records: the schema ids in the batch are fetched once on the driver and
         shipped to the executors, which decode with them (never calling the registry)."""
-        from dpone_dagster.schema.registry import references_by_id, registry_client, schemas_by_id
+        from dpone_dagster.schema.registry import (
+            references_by_id,
+            registry_client,
+            registry_errors,
+            schemas_by_id,
+        )
         from dpone_dagster.spark.registry_codec import decode_registry, distinct_schema_ids
 
         fmt = self.options.message_format
@@ -191,14 +198,15 @@ class KafkaBatchSource:
         assert self.registry_config is not None
         client = registry_client(self.registry_config)
         ids = distinct_schema_ids(raw) if boundary.total else []
-        schemas = schemas_by_id(client, ids)
-        references = references_by_id(client, ids) if fmt == "protobuf" else None
+        with registry_errors(self.registry_config):
+            schemas = schemas_by_id(client, ids)
+            references = references_by_id(client, ids) if fmt == "protobuf" else None
         schema = self._registry_schema(fmt, schemas, references)
         notes = [f"{fmt}: schema id(s) {sorted(schemas)} from the registry"]
         unknown = sorted(set(ids) - set(schemas))
         if unknown:
             notes.append(f"unknown schema id(s) {unknown}: their records are reported as undecodable")
-        return ExtractResult(decode_registry(raw, fmt, schemas, schema, references), schema, "flat", notes)
+        return ExtractResult(decode_registry(raw, fmt, schemas, schema, references), schema, "flat", notes, raw)
 
     def _registry_schema(self, fmt: str, schemas: dict[int, tuple[str, str]], references: Any) -> StructType:
         """The payload schema: declared in the manifest, or the union of the batch's registered

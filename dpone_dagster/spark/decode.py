@@ -50,6 +50,11 @@ def decode_json(raw: DataFrame, schema: StructType, envelope: str) -> DataFrame:
         data = parsed
         op_text = parsed.getField(C.OP) if any(f.name == C.OP for f in schema.fields) else F.lit(None)
         corrupt = parsed.getField(C.CORRUPT)
+    # Say why, and where (the same shape as the registry decoders' reasons).
+    corrupt = F.when(
+        corrupt.isNotNull(),
+        F.concat(F.lit("value is not JSON matching the schema at "), F.col("partition").cast("string"), F.lit("@"), F.col("offset").cast("string")),
+    )
     op = F.when(text.isNull() | op_text.isin(*DELETE_OPS), F.lit(C.DELETE)).otherwise(F.lit(C.UPSERT))
     return raw.select(
         *[data.getField(f.name).alias(f.name) for f in payload_fields],

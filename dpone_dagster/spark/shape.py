@@ -132,8 +132,8 @@ def to_messages(keyed: DataFrame, sink: KafkaSink, ctx: ShapeContext, registry: 
             tombstone.alias(TOMBSTONE),
             *[F.col(c) for c in payload],
         )
-        encoded = encode_messages(staged, registry, payload, TOMBSTONE)
-        return encoded.select("key", "value", "headers", "partition", C.OP)
+        encoded = encode_messages(staged.withColumns(_lineage(keyed)), registry, payload, TOMBSTONE)
+        return encoded.select("key", "value", "headers", "partition", C.OP, *LINEAGE)
     value = F.when(tombstone, F.lit(None).cast("string")).otherwise(value)
     return keyed.select(
         F.col(KEY).alias("key"),
@@ -141,7 +141,19 @@ def to_messages(keyed: DataFrame, sink: KafkaSink, ctx: ShapeContext, registry: 
         _headers(keyed, sink).alias("headers"),
         F.lit(-1).cast("int").alias("partition"),
         F.col(C.OP),
+        *[v.alias(k) for k, v in _lineage(keyed).items()],
     )
+
+
+LINEAGE = (C.SOURCE_PARTITION, C.SOURCE_OFFSET)
+
+
+def _lineage(df: DataFrame) -> dict[str, Column]:
+    """Source partition/offset travel with each message so a bad one can be traced (null for SQL)."""
+    return {
+        C.SOURCE_PARTITION: F.col(C.SOURCE_PARTITION) if C.SOURCE_PARTITION in df.columns else F.lit(None).cast("int"),
+        C.SOURCE_OFFSET: F.col(C.SOURCE_OFFSET) if C.SOURCE_OFFSET in df.columns else F.lit(None).cast("long"),
+    }
 
 
 def _headers(df: DataFrame, sink: KafkaSink) -> Column:
