@@ -92,6 +92,8 @@ def test_run_json_and_plan_md(tmp_path: Path):
         "tombstones": 1,
         "deletes_skipped": 0,
         "duplicates_removed": 2,
+        "rows_dead_lettered": 0,
+        "rows_skipped": 0,
     }
     assert data["bytes"] == {"produced": 4096}
     assert data["committed_offsets"] == {"0": 25, "1": 5}

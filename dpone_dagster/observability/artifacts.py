@@ -21,7 +21,6 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 from dpone_dagster.connections import redact_known_secrets
 from dpone_dagster.errors import ConfigError
 from dpone_dagster.quality.results import json_safe
+from dpone_dagster.state.local import atomic_write_text
 
 __all__ = [
     "ARTIFACT_VERSION",
@@ -48,7 +48,15 @@ ARTIFACT_VERSION = 1
 RUN_FILE = "run.json"
 PLAN_FILE = "plan.md"
 METRICS_FILE = "metrics.json"
-COUNT_KEYS = ("rows_extracted", "messages_produced", "tombstones", "deletes_skipped", "duplicates_removed")
+COUNT_KEYS = (
+    "rows_extracted",
+    "messages_produced",
+    "tombstones",
+    "deletes_skipped",
+    "duplicates_removed",
+    "rows_dead_lettered",
+    "rows_skipped",
+)
 # RunResult.as_dict() keys run_record places itself; anything else goes under "extra".
 _KNOWN_KEYS = {
     *COUNT_KEYS,
@@ -136,9 +144,9 @@ def write_run_artifact(
     record = _redact_tree(run_record(result, gates))
     run_dir = _run_dir(base_path, record["run_id"])
     run_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(run_dir / PLAN_FILE, redact_known_secrets(plan_markdown))
+    atomic_write_text(run_dir / PLAN_FILE, redact_known_secrets(plan_markdown))
     text = json.dumps(record, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-    _atomic_write(run_dir / RUN_FILE, redact_known_secrets(text))
+    atomic_write_text(run_dir / RUN_FILE, redact_known_secrets(text))
     return run_dir
 
 
@@ -194,7 +202,7 @@ def write_metrics(base_path: str | os.PathLike[str], run_id: str, metrics: Mappi
     run_dir = _run_dir(base_path, run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / METRICS_FILE
-    _atomic_write(path, json.dumps(_string_keys(metrics), indent=2, sort_keys=True) + "\n")
+    atomic_write_text(path, json.dumps(_string_keys(metrics), indent=2, sort_keys=True) + "\n")
     return path
 
 
@@ -299,17 +307,3 @@ def _timestamp(value: Any) -> float | None:
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise

@@ -226,6 +226,9 @@ class SqlBatchSource:
     # ----------------------------------------------------------------------- plan
 
     def plan(self, spark: SparkSession, stored_watermark: dict[str, Any] | None = None) -> SqlBoundary:
+        """Fix the boundary: catalog check, then MAX/COUNT (or the LSN range) before anything is read."""
+        if self.strategy.mode == "cdc" and self.dialect != "mssql":
+            raise ConfigError("sink.strategy.mode: cdc is only available for source.type: mssql")
         self.check_driver(spark)
         catalog = self.catalog(spark)
         payload = self._payload_columns(catalog)
@@ -775,28 +778,29 @@ class SqlBatchSource:
         return self._catalog
 
     def _error(self, exc: BaseException, what: str) -> Exception:
-        text = redact_known_secrets(_java_message(exc))
-        url = redact_known_secrets(self.jdbc_url())
-        lowered = text.lower()
-        target = f"{url} (connection '{self.source.connection_id}')"
+        messages = [redact_known_secrets(m) for m in _java_messages(exc)]
+        lowered = "\n".join(messages).lower()
+        detail = _detail(messages)
+        target = f"{redact_known_secrets(self.jdbc_url())} (connection '{self.source.connection_id}')"
         if "classnotfoundexception" in lowered or "no suitable driver" in lowered:
             return ConfigError(self._driver_fix(self.driver_class()))
+        if any(s in lowered for s in _AUTH) or re.search(r'role "[^"]*" does not exist', lowered):
+            return ConfigError(
+                f"{target} refused the login to {what}: {detail}. Fix: check the user and password of the "
+                "connection and its grants."
+            )
         if any(s in lowered for s in _UNREACHABLE) or re.search(r"connection to \S+ refused", lowered):
             return ConfigError(
-                f"cannot connect to {target} to {what}: {_first_line(text)}. Fix: check the host, port and database "
-                "of the connection and that the server runs and is reachable from the Spark driver and executors."
-            )
-        if any(s in lowered for s in _AUTH):
-            return ConfigError(
-                f"{target} refused the login to {what}: {_first_line(text)}. Fix: check the user and password of "
-                "the connection and its grants."
+                f"cannot connect to {target} to {what}: {detail}. Fix: check the host, port and database of the "
+                "connection and that the server runs and is reachable from the Spark driver and executors."
             )
         if any(s in lowered for s in _UNKNOWN_OBJECT):
             return ConfigError(
-                f"{target}: {what} failed because a table or column does not exist: {_first_line(text)}. Fix: "
-                "correct source.table, source.options.columns / incremental_column / partition_column / predicate."
+                f"{target}: {what} failed because an object does not exist: {detail}. Fix: correct the "
+                "connection's database, source.table, or source.options.columns / incremental_column / "
+                "partition_column / predicate."
             )
-        return RunFailed(f"{target}: failed to {what}: {_first_line(text)}")
+        return RunFailed(f"{target}: failed to {what}: {detail}")
 
     # ----------------------------------------------------------------------- helpers
 
@@ -891,14 +895,27 @@ _UNKNOWN_OBJECT = (
 )
 
 
-def _java_message(exc: BaseException) -> str:
-    java = getattr(exc, "java_exception", None)
-    if java is not None:
+def _java_messages(exc: BaseException) -> list[str]:
+    """The exception's text and every Java cause's (Spark 4 wraps driver errors in FAILED_JDBC.*)."""
+    messages = [f"{type(exc).__name__}: {exc}"]
+    cause = getattr(exc, "_origin", None) or getattr(exc, "java_exception", None)
+    for _ in range(10):
+        if cause is None:
+            break
         try:
-            return f"{java.toString()} {exc}"
-        except Exception:  # noqa: BLE001 - fall back to the Python text
-            pass
-    return f"{type(exc).__name__}: {exc}"
+            messages.append(str(cause.toString()))
+            cause = cause.getCause()
+        except Exception:  # noqa: BLE001 - a broken gateway: keep what we have
+            break
+    return messages
+
+
+def _detail(messages: list[str]) -> str:
+    """The most specific message: the first cause that does not come from Spark itself."""
+    for message in messages[1:]:
+        if not message.startswith(("org.apache.spark", "java.util.concurrent")):
+            return _first_line(message)
+    return _first_line(messages[0])
 
 
 def _first_line(text: str) -> str:

@@ -56,7 +56,12 @@ def decode_json(raw: DataFrame, schema: StructType, envelope: str) -> DataFrame:
         F.concat(F.lit("value is not JSON matching the schema at "), F.col("partition").cast("string"), F.lit("@"), F.col("offset").cast("string")),
     )
     op = F.when(text.isNull() | op_text.isin(*DELETE_OPS), F.lit(C.DELETE)).otherwise(F.lit(C.UPSERT))
-    return raw.select(
+    return raw.select(*decoded_columns(data, payload_fields, op, corrupt))
+
+
+def decoded_columns(data: Column, payload_fields: list[StructField], op: Column, corrupt: Column) -> list[Column]:
+    """The columns every decoder returns: payload fields, then the dpone metadata of the record."""
+    return [
         *[data.getField(f.name).alias(f.name) for f in payload_fields],
         op.alias(C.OP),
         F.col("topic").alias(C.SOURCE_TOPIC),
@@ -67,7 +72,7 @@ def decode_json(raw: DataFrame, schema: StructType, envelope: str) -> DataFrame:
         F.col("headers").alias(C.SOURCE_HEADERS),
         corrupt.alias(C.CORRUPT),
         source_order().alias(C.ORDER),
-    )
+    ]
 
 
 def source_order() -> Column:

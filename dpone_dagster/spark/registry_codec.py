@@ -37,7 +37,7 @@ from dpone_dagster.errors import ConfigError
 from dpone_dagster.schema import avro, json_schema, protobuf
 from dpone_dagster.schema.evolution import EvolutionPlan
 from dpone_dagster.schema.registry import SCHEMA_TYPES, WireFormatError, frame, to_spark_value, unframe
-from dpone_dagster.spark.decode import DELETE_OPS, source_order
+from dpone_dagster.spark.decode import DELETE_OPS, decoded_columns
 
 _PAYLOAD = "__dpone__payload"
 _MAX_REASON = 500
@@ -252,18 +252,7 @@ def decode_registry(
     payload_fields = [f for f in spark_schema.fields if f.name != C.OP]
     op_text = payload.getField(C.OP) if any(f.name == C.OP for f in spark_schema.fields) else F.lit(None)
     op = F.when(value.isNull() | op_text.isin(*DELETE_OPS), F.lit(C.DELETE)).otherwise(F.lit(C.UPSERT))
-    return decoded.select(
-        *[payload.getField(f.name).alias(f.name) for f in payload_fields],
-        op.alias(C.OP),
-        F.col("topic").alias(C.SOURCE_TOPIC),
-        F.col("partition").alias(C.SOURCE_PARTITION),
-        F.col("offset").alias(C.SOURCE_OFFSET),
-        F.timestamp_millis(F.col("timestamp")).alias(C.SOURCE_TIMESTAMP),
-        F.col("key").alias(C.SOURCE_KEY),
-        F.col("headers").alias(C.SOURCE_HEADERS),
-        F.col(C.CORRUPT),
-        source_order().alias(C.ORDER),
-    )
+    return decoded.select(*decoded_columns(payload, payload_fields, op, F.col(C.CORRUPT)))
 
 
 def _decode_batch(batch: pa.RecordBatch, decoder: RecordDecoder, arrow_type: pa.DataType) -> pa.RecordBatch:

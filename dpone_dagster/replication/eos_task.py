@@ -1,0 +1,457 @@
+"""Executor side of exactly-once replication: copy one source partition range to the target in
+producer transactions that also write the control-topic offset.
+
+`replicate_range(spec)` runs inside a Spark task (or directly, in tests). It receives plain data
+only, so it pickles to any executor, and follows librdkafka's transactional error handling
+(INTRODUCTION.md, "Transactional producer API" / "Error handling"):
+
+- retriable   (error.retriable())          -> call the same API again, bounded, with backoff
+- abortable   (error.txn_requires_abort())  -> abort_transaction(), then redo the transaction from
+                                               the last committed offset (its records were discarded)
+- fenced      (PRODUCER_FENCED / _FENCED)   -> stop: a newer task owns this partition; never retry
+- fatal       (error.fatal(), or anything else) -> stop: the producer instance is unusable
+
+Sequence per partition: init_transactions (fences a zombie attempt with the same transactional.id
+and, on Kafka, aborts its open transaction) -> read the committed offset (after the fence, so it is
+final) -> per chunk: begin -> copy [start, chunk_end) -> control record offset=chunk_end -> commit.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+
+from dpone_dagster.errors import RunFailed
+from dpone_dagster.kafka.config import driver_client_config
+from dpone_dagster.kafka.errors import classify_kafka
+from dpone_dagster.replication.control_topic import (
+    READ_MARGIN_S,
+    control_partition,
+    offset_record,
+    read_control_topic,
+)
+from dpone_dagster.replication.mapping import record_headers, target_partition, tracing_headers
+
+ErrorClass = Literal["fenced", "fatal", "retriable", "abortable"]
+CrashPoint = Literal["after_data", "before_commit"]
+_FENCED_CODES = (KafkaError.PRODUCER_FENCED, KafkaError._FENCED)
+_MAGIC_BYTE = 0
+
+
+class ReplicationError(RunFailed):
+    """A replication task failed; its open transaction (if any) was aborted or is left to fencing."""
+
+
+class ProducerFenced(ReplicationError):
+    """Another producer with the same transactional.id took over this source partition."""
+
+
+class FatalTransactionError(ReplicationError):
+    """The transactional producer hit a fatal error and cannot be used any more."""
+
+
+class IncompleteRead(ReplicationError):
+    """The source partition could not be read up to the planned end offset."""
+
+
+class TransactionAbortable(ReplicationError):
+    """The current transaction failed but can be aborted and redone."""
+
+
+class SimulatedCrash(BaseException):
+    """Test hook: a task dying between produce and commit (BaseException: no handler aborts it)."""
+
+
+def classify(error: KafkaError) -> ErrorClass:
+    """librdkafka's error classes for the transactional API, fencing first.
+
+    Fencing is checked by code: depending on where the broker reports it, librdkafka flags
+    PRODUCER_FENCED as fatal or as abortable, but either way redoing the transaction is wrong.
+    """
+    if error.code() in _FENCED_CODES:
+        return "fenced"
+    if error.fatal():
+        return "fatal"
+    if error.retriable():
+        return "retriable"
+    if error.txn_requires_abort():
+        return "abortable"
+    return "fatal"
+
+
+def _classified(kind: ErrorClass, action: str, transactional_id: str, error: KafkaError) -> ReplicationError:
+    text = f"{action} ({transactional_id}): {error.str()} [{error.name()}]"
+    if kind == "fenced":
+        return ProducerFenced(
+            f"{text}: a newer producer with the same transactional.id fenced this one (a retried or "
+            "concurrent task of the same pipeline and partition); this attempt stops without committing"
+        )
+    if kind == "abortable":
+        return TransactionAbortable(text)
+    hint = classify_kafka(error.name(), error.retriable())
+    fix = f"; fix: {hint.fix}" if hint.kind == "fail_fast" and hint.cause != "Kafka error" else ""
+    return FatalTransactionError(f"{text}: fatal transactional producer error{fix}")
+
+
+def _backoff(attempt: int) -> float:
+    return min(10.0, 0.5 * 2 ** (attempt - 1))
+
+
+# --------------------------------------------------------------------------- spec (plain data)
+
+
+@dataclass(frozen=True)
+class ReplicationSpec:
+    """Everything one task needs, as picklable values (no driver objects, no loggers)."""
+
+    pipeline: str
+    run_id: str
+    source_config: dict[str, Any]  # librdkafka client settings of the source cluster
+    target_config: dict[str, Any]  # librdkafka client settings of the target cluster
+    producer_config: dict[str, Any]  # full producer settings for the target (no transactional.id)
+    source_topic: str
+    source_partition: int
+    planned_start: int  # used only when the control topic has nothing for this partition
+    end: int
+    target_topic: str
+    commit_group: str
+    control_topic: str
+    control_partitions: int = 1
+    partition_mapping: str = "keep"
+    target_partitions: int = 1
+    replicate_headers: bool = True
+    keep_timestamps: bool = True
+    tracing_headers: bool = False
+    transaction_timeout_ms: int = 60_000
+    # Offsets per transaction (None: the whole range in one); keeps transactions well inside the timeout.
+    records_per_transaction: int | None = None
+    schema_id_map: dict[int, int] | None = None  # source value schema id -> target id
+    consumer_overrides: dict[str, Any] = field(default_factory=dict)
+    batch_size: int = 10_000
+    poll_timeout_ms: int = 1_000
+    max_empty_polls: int = 3
+    max_attempts: int = 5
+    init_timeout_s: float = 60.0
+    # Test hook: die after producing, before commit_transaction ("exit": os._exit(1) like a killed
+    # executor; "raise": SimulatedCrash, for direct calls outside Spark).
+    crash: CrashPoint | None = None
+    crash_mode: Literal["exit", "raise"] = "exit"
+
+    @property
+    def transactional_id(self) -> str:
+        # Stable per pipeline and source partition: a retried or zombie task reuses it and is fenced.
+        return f"dpone-{self.pipeline}-{self.source_topic}-{self.source_partition}"
+
+
+# --------------------------------------------------------------------------- transactional producer
+
+
+class TransactionalProducer:
+    """A confluent-kafka transactional producer with librdkafka's error classes applied."""
+
+    def __init__(self, producer_config: dict[str, Any], transactional_id: str, transaction_timeout_ms: int,
+                 max_attempts: int = 5):
+        self.transactional_id = transactional_id
+        self.max_attempts = max_attempts
+        config = {
+            **producer_config,
+            "transactional.id": transactional_id,
+            "enable.idempotence": True,
+            "acks": "all",
+            "transaction.timeout.ms": transaction_timeout_ms,
+        }
+        self._producer = Producer(driver_client_config(config))
+        self.first_delivery_error: str | None = None
+
+    def _retrying(self, action: str, call: Any) -> Any:
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                return call()
+            except KafkaException as exc:
+                error = exc.args[0]
+                kind = classify(error)
+                if kind == "retriable" and attempt < self.max_attempts:
+                    time.sleep(_backoff(attempt))
+                    continue
+                if kind == "retriable":
+                    # Out of retries: the outcome is unknown; the next attempt's init_transactions settles it.
+                    kind = "fatal"
+                raise _classified(kind, action, self.transactional_id, error) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def init(self, timeout_s: float = 60.0) -> None:
+        self._retrying("init_transactions", lambda: self._producer.init_transactions(timeout_s))
+
+    def begin(self) -> None:
+        self.first_delivery_error = None
+        self._retrying("begin_transaction", self._producer.begin_transaction)
+
+    def produce(self, topic: str, **kwargs: Any) -> None:
+        while True:
+            try:
+                self._producer.produce(topic, on_delivery=self._on_delivery, **kwargs)
+                return
+            except BufferError:
+                # Local queue full: serve delivery reports until there is room again.
+                self._producer.poll(0.05)
+            except KafkaException as exc:
+                error = exc.args[0]
+                kind = classify(error)
+                # A produce call is never retried on its own: the transaction is redone instead.
+                raise _classified("abortable" if kind == "retriable" else kind, "produce", self.transactional_id, error) from None
+
+    def poll(self) -> None:
+        self._producer.poll(0)
+
+    def flush(self, timeout_s: float = 60.0) -> int:
+        return self._producer.flush(timeout_s)
+
+    def commit(self) -> None:
+        # No timeout argument: librdkafka then uses the remaining transaction time (its advice).
+        try:
+            self._retrying("commit_transaction", self._producer.commit_transaction)
+        except TransactionAbortable as exc:
+            if self.first_delivery_error:
+                raise TransactionAbortable(f"{exc}; first delivery error: {self.first_delivery_error}") from None
+            raise
+
+    def abort(self) -> None:
+        try:
+            self._retrying("abort_transaction", self._producer.abort_transaction)
+        except TransactionAbortable as exc:  # abort itself cannot be redone: treat as fatal
+            raise FatalTransactionError(str(exc)) from None
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None and self.first_delivery_error is None:
+            self.first_delivery_error = f"{msg.topic()}[{msg.partition()}]: {err.str()} ({err.name()})"
+
+
+# --------------------------------------------------------------------------- record building (pure)
+
+
+def rewrite_schema_id(value: bytes | None, mapping: dict[int, int] | None, where: str) -> bytes | None:
+    """Swap the Confluent wire-format schema id of a value (protobuf indexes and payload untouched)."""
+    if value is None or not mapping:
+        return value
+    if len(value) < 5 or value[0] != _MAGIC_BYTE:
+        raise ReplicationError(f"{where}: schema_mapping is on but the value is not in the Schema Registry wire format")
+    source_id = int.from_bytes(value[1:5], "big")
+    target_id = mapping.get(source_id)
+    if target_id is None:
+        raise ReplicationError(f"{where}: schema id {source_id} has no registered counterpart in the target registry")
+    return value[:1] + int(target_id).to_bytes(4, "big") + value[5:]
+
+
+def record_kwargs(spec: ReplicationSpec, message: Any) -> dict[str, Any]:
+    """Producer keyword arguments replicating one consumed message."""
+    offset = message.offset()
+    where = f"{spec.source_topic}[{spec.source_partition}]@{offset}"
+    kwargs: dict[str, Any] = {
+        "key": message.key(),
+        "value": rewrite_schema_id(message.value(), spec.schema_id_map, where),
+    }
+    tracing = (
+        tracing_headers(spec.pipeline, spec.source_topic, spec.source_partition, offset) if spec.tracing_headers else None
+    )
+    headers = record_headers(message.headers(), spec.replicate_headers, tracing)
+    if headers:
+        kwargs["headers"] = headers
+    if spec.keep_timestamps:
+        kind, ts = message.timestamp()
+        if kind != TIMESTAMP_NOT_AVAILABLE and ts >= 0:
+            kwargs["timestamp"] = ts
+    partition = target_partition(spec.source_partition, spec.target_partitions, spec.partition_mapping)
+    if partition is not None:
+        kwargs["partition"] = partition
+    return kwargs
+
+
+# --------------------------------------------------------------------------- reading the source
+
+
+def _consumer_config(spec: ReplicationSpec) -> dict[str, Any]:
+    return driver_client_config({
+        **spec.source_config,
+        "group.id": f"dpone-replication-{spec.pipeline}",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": True,
+        "allow.auto.create.topics": False,
+        # The range was planned inside the log; an out-of-range start is an error, never a jump.
+        "auto.offset.reset": "error",
+        # Only committed source records are replicated.
+        "isolation.level": "read_committed",
+        "fetch.max.bytes": 52_428_800,
+        "max.partition.fetch.bytes": 10_485_760,
+        **spec.consumer_overrides,
+    })
+
+
+def read_range(consumer: Consumer, spec: ReplicationSpec, start: int, end: int) -> Iterator[Any]:
+    """Messages with start <= offset < end; completion is judged by the consumer position (offsets
+    may have gaps: compaction, transaction markers), and not reaching `end` raises."""
+    topic, partition = spec.source_topic, spec.source_partition
+    consumer.assign([TopicPartition(topic, partition, start)])
+    position, empty_polls = start, 0
+    while position < end:
+        wanted = max(1, min(spec.batch_size, end - position))
+        progressed = False
+        for message in consumer.consume(num_messages=wanted, timeout=spec.poll_timeout_ms / 1000):
+            err = message.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise IncompleteRead(f"{topic}[{partition}]: fetch error at offset {position}: {err}")
+            offset = message.offset()
+            if offset >= end:
+                position = end
+                break
+            yield message
+            position, progressed = offset + 1, True
+        if position < end:
+            current = consumer.position([TopicPartition(topic, partition)])[0].offset
+            if current > position:
+                position, progressed = current, True
+        empty_polls = 0 if progressed else empty_polls + 1
+        if empty_polls >= spec.max_empty_polls and position < end:
+            raise IncompleteRead(
+                f"{topic}[{partition}] stopped at offset {position}, planned end {end} "
+                f"({spec.max_empty_polls} polls of {spec.poll_timeout_ms} ms without progress); nothing was committed "
+                "for this range"
+            )
+
+
+# --------------------------------------------------------------------------- the task
+
+
+def _crash(spec: ReplicationSpec, producer: TransactionalProducer) -> None:
+    producer.flush(30)  # the records reach the broker, inside the still-open transaction
+    if spec.crash_mode == "exit":
+        os._exit(1)
+    raise SimulatedCrash(f"simulated crash of {spec.transactional_id} before commit_transaction")
+
+
+def _one_transaction(
+    producer: TransactionalProducer, consumer: Consumer, spec: ReplicationSpec, start: int, end: int
+) -> tuple[int, int]:
+    producer.begin()
+    records = nbytes = 0
+    for message in read_range(consumer, spec, start, end):
+        kwargs = record_kwargs(spec, message)
+        producer.produce(spec.target_topic, **kwargs)
+        records += 1
+        nbytes += len(kwargs["key"] or b"") + len(kwargs["value"] or b"")
+        if records % 1000 == 0:
+            producer.poll()
+    if spec.crash == "after_data":
+        _crash(spec, producer)
+    key, value = offset_record(
+        spec.commit_group, spec.source_topic, spec.source_partition, end, spec.pipeline, spec.run_id, spec.target_topic
+    )
+    producer.produce(spec.control_topic, key=key, value=value, partition=control_partition(key, spec.control_partitions))
+    if spec.crash == "before_commit":
+        _crash(spec, producer)
+    producer.commit()
+    return records, nbytes
+
+
+def _abort_quietly(producer: TransactionalProducer) -> None:
+    try:
+        producer.abort()
+    except ReplicationError:
+        pass  # the original error is the one to report; fencing or the timeout clean up
+
+
+def _transaction_with_retries(
+    producer: TransactionalProducer, consumer: Consumer, spec: ReplicationSpec, start: int, end: int
+) -> tuple[int, int, int]:
+    """(records, bytes, aborted attempts) of the committed transaction for [start, end)."""
+    for attempt in range(1, spec.max_attempts + 1):
+        try:
+            records, nbytes = _one_transaction(producer, consumer, spec, start, end)
+            return records, nbytes, attempt - 1
+        except TransactionAbortable as exc:
+            producer.abort()  # raises when even the abort fails (fatal)
+            if attempt == spec.max_attempts:
+                raise ReplicationError(
+                    f"{spec.source_topic}[{spec.source_partition}] [{start}, {end}): transaction aborted "
+                    f"{attempt} times, last: {exc}"
+                ) from None
+            time.sleep(_backoff(attempt))
+        except (ProducerFenced, FatalTransactionError):
+            raise  # no abort: the producer is unusable / not ours any more
+        except Exception:
+            _abort_quietly(producer)  # e.g. an incomplete read: leave nothing open
+            raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def committed_offset(spec: ReplicationSpec) -> int | None:
+    """The control topic's offset for this partition, read after the producer fenced older ones."""
+    entries = read_control_topic(
+        spec.target_config,
+        spec.control_topic,
+        spec.commit_group,
+        [spec.source_topic],
+        timeout_s=spec.transaction_timeout_ms / 1000 + READ_MARGIN_S,
+    )
+    entry = entries.get((spec.source_topic, spec.source_partition))
+    return entry.offset if entry is not None else None
+
+
+def replicate_range(spec: ReplicationSpec) -> dict[str, Any]:
+    """Replicate [committed or planned start, end) of one source partition; returns task stats."""
+    stats: dict[str, Any] = {
+        "topic": spec.source_topic,
+        "partition": spec.source_partition,
+        "target_topic": spec.target_topic,
+        "planned_start": spec.planned_start,
+        "start": spec.planned_start,
+        "end": spec.end,
+        "records": 0,
+        "bytes": 0,
+        "transactions": 0,
+        "aborted": 0,
+        "committed": False,
+    }
+    producer = TransactionalProducer(
+        spec.producer_config, spec.transactional_id, spec.transaction_timeout_ms, spec.max_attempts
+    )
+    producer.init(spec.init_timeout_s)
+    committed = committed_offset(spec)
+    start = committed if committed is not None else spec.planned_start
+    stats["start"] = start
+    if start >= spec.end and committed is not None:
+        return stats  # already replicated (by an earlier attempt or a concurrent run)
+    consumer = Consumer(_consumer_config(spec))
+    try:
+        # A partition never committed gets at least one (possibly record-less) transaction, so its
+        # start offset is recorded and the next run continues from it.
+        position = start
+        step = spec.records_per_transaction or max(1, spec.end - start)
+        while True:
+            chunk_end = min(spec.end, position + step)
+            records, nbytes, aborted = _transaction_with_retries(producer, consumer, spec, position, chunk_end)
+            stats["records"] += records
+            stats["bytes"] += nbytes
+            stats["aborted"] += aborted
+            stats["transactions"] += 1
+            stats["committed"] = True
+            position = chunk_end
+            if position >= spec.end:
+                break
+    finally:
+        consumer.close()
+    return stats

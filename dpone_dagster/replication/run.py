@@ -1,0 +1,396 @@
+"""The replication driver: resolve topics, plan per-partition ranges, preflight the target, run one
+Spark task per source partition (each commits its own transactions), aggregate the task stats.
+
+There is no separate "advance state" step: every task commits its records and its control-topic
+offset atomically, so a failed run keeps exactly the partitions (and chunks) that committed, and
+the next run resumes from the control topic.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from dpone_dagster.connections import redact_known_secrets
+from dpone_dagster.errors import ConfigError, RunFailed
+from dpone_dagster.kafka.admin import ensure_sink_topic
+from dpone_dagster.kafka.config import producer_config
+from dpone_dagster.kafka.inspect import make_consumer, topic_partitions, verified_watermarks
+from dpone_dagster.manifest.models import KafkaSource, Manifest
+from dpone_dagster.replication.control_topic import (
+    commit_group_of,
+    ensure_control_topic,
+    read_committed_offsets,
+)
+from dpone_dagster.replication.eos_task import ReplicationSpec, replicate_range
+from dpone_dagster.replication.mapping import resolve_source_topics, resolve_targets, target_partition
+from dpone_dagster.replication.plan import PartitionPlan, plan_partitions
+
+Log = Callable[[str], None]
+
+STATS_COLUMNS = (
+    "topic string, partition int, target_topic string, planned_start long, start long, end long, "
+    "records long, bytes long, transactions int, aborted int, committed boolean, executor string"
+)
+
+
+@dataclass(frozen=True)
+class PartitionReplication:
+    """What one task did: [start, end) is the range it found uncommitted and replicated."""
+
+    topic: str
+    partition: int
+    target_topic: str
+    planned_start: int
+    start: int
+    end: int
+    records: int
+    bytes: int
+    transactions: int
+    aborted: int
+    committed: bool
+    executor: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class ReplicationResult:
+    run_id: str
+    pipeline: str
+    commit_group: str
+    control_topic: str
+    targets: dict[str, str] = field(default_factory=dict)
+    planned: list[PartitionPlan] = field(default_factory=list)
+    partitions: list[PartitionReplication] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def records(self) -> int:
+        return sum(p.records for p in self.partitions)
+
+    @property
+    def bytes(self) -> int:
+        return sum(p.bytes for p in self.partitions)
+
+    @property
+    def committed_ranges(self) -> list[dict[str, Any]]:
+        """Ranges this run committed (topic, partition, start, end)."""
+        return [
+            {"topic": p.topic, "partition": p.partition, "start": p.start, "end": p.end}
+            for p in self.partitions
+            if p.committed
+        ]
+
+    @property
+    def committed_offsets(self) -> dict[str, dict[int, int]]:
+        """Next source offset per topic and partition after this run (what the control topic holds)."""
+        out: dict[str, dict[int, int]] = {}
+        for plan in self.planned:
+            if plan.committed is not None:
+                out.setdefault(plan.topic, {})[plan.partition] = plan.committed
+        for p in self.partitions:
+            out.setdefault(p.topic, {})[p.partition] = max(p.start, p.end)
+        return {topic: dict(sorted(parts.items())) for topic, parts in sorted(out.items())}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "pipeline": self.pipeline,
+            "commit_group": self.commit_group,
+            "control_topic": self.control_topic,
+            "targets": dict(self.targets),
+            "records": self.records,
+            "bytes": self.bytes,
+            "planned": [p.as_dict() for p in self.planned],
+            "partitions": [p.as_dict() for p in self.partitions],
+            "committed_offsets": {t: {str(p): o for p, o in parts.items()} for t, parts in self.committed_offsets.items()},
+            "notes": list(self.notes),
+        }
+
+
+def _check_manifest(manifest: Manifest) -> KafkaSource:
+    source = manifest.source
+    if not isinstance(source, KafkaSource):
+        raise ConfigError("replication needs a kafka source")
+    if manifest.sink.options.delivery.mode != "exactly_once":
+        raise ConfigError("replication runs with sink.options.delivery.mode: exactly_once only")
+    if source.options.read_mode != "offsets":
+        raise ConfigError(
+            f"source.options.read_mode {source.options.read_mode} is not available for exactly_once replication: "
+            "it resumes from committed offsets (read_mode: offsets)"
+        )
+    return source
+
+
+def _source_layout(
+    source: KafkaSource, source_config: dict[str, Any], pipeline: str
+) -> tuple[list[str], dict[str, list[int]]]:
+    consumer = make_consumer(source_config, f"dpone-replication-plan-{pipeline}")
+    try:
+        try:
+            metadata = consumer.list_topics(timeout=10)
+        except Exception as exc:
+            raise ConfigError(f"cannot reach the source Kafka cluster to list topics: {exc}") from exc
+        names = [name for name, info in metadata.topics.items() if info.error is None]
+        sources = resolve_source_topics(names, source.topic, source.topics, source.topic_pattern)
+        return sources, {topic: topic_partitions(consumer, topic) for topic in sources}
+    finally:
+        consumer.close()
+
+
+def _source_watermarks(source_config: dict[str, Any], partitions: dict[str, list[int]], pipeline: str) -> dict:
+    consumer = make_consumer(source_config, f"dpone-replication-plan-{pipeline}")
+    try:
+        return {topic: verified_watermarks(consumer, topic, parts) for topic, parts in partitions.items()}
+    finally:
+        consumer.close()
+
+
+def _ensure_targets(
+    manifest: Manifest, target_config: dict[str, Any], targets: dict[str, str], partitions: dict[str, list[int]]
+) -> dict[str, int]:
+    """Target topic -> partition count; `keep` needs as many partitions as its largest source."""
+    options = manifest.sink.options
+    keep = options.replication.partition_mapping == "keep"
+    counts: dict[str, int] = {}
+    for target in sorted(set(targets.values())):
+        needed = max(max(partitions[s], default=-1) + 1 for s, t in targets.items() if t == target)
+        creation = options.create_topic
+        if keep and creation.partitions < needed:
+            # Created by this run: mirror the source layout so partition numbers carry over.
+            creation = creation.model_copy(update={"partitions": needed})
+        counts[target] = ensure_sink_topic(target_config, target, creation)
+        if keep and needed:
+            target_partition(needed - 1, counts[target], "keep")  # raises a ConfigError when too few
+    return counts
+
+
+def _parse_crash_hook(hook: tuple | None) -> tuple[str, int, str, str] | None:
+    if hook is None:
+        return None
+    topic, partition, *rest = hook
+    point = rest[0] if rest else "after_data"
+    mode = rest[1] if len(rest) > 1 else "exit"
+    return str(topic), int(partition), point, mode
+
+
+def run_replication(
+    manifest: Manifest,
+    spark: SparkSession,
+    source_config: dict[str, Any],
+    target_config: dict[str, Any],
+    run_id: str,
+    log: Log = lambda message: None,
+    fail_after_produce_for_tests: tuple | None = None,
+    source_registry: dict[str, Any] | None = None,
+    target_registry: dict[str, Any] | None = None,
+) -> ReplicationResult:
+    """Replicate every selected source partition up to its high watermark fixed now.
+
+    `fail_after_produce_for_tests`: (topic, partition[, "after_data" | "before_commit"[, "exit" | "raise"]])
+    makes that partition's task die after producing and before commit_transaction.
+    """
+    source = _check_manifest(manifest)
+    options = manifest.sink.options.replication
+    control = options.control_topic
+    commit_group = commit_group_of(manifest)
+    result = ReplicationResult(run_id, manifest.name, commit_group, control.name)
+    if source.options.offset_storage == "kafka":
+        result.notes.append("source.options.offset_storage kafka is not used: replication offsets live in the control topic")
+
+    sources, partitions = _source_layout(source, source_config, manifest.name)
+    same_cluster = source_config.get("bootstrap.servers") == target_config.get("bootstrap.servers")
+    targets = resolve_targets(sources, options, manifest.sink.topic, same_cluster)
+    result.targets = targets
+    log(f"replication: {len(sources)} topic(s): " + ", ".join(f"{s} -> {t}" for s, t in targets.items()))
+
+    control_partitions = ensure_control_topic(target_config, control, log)
+    target_partitions = _ensure_targets(manifest, target_config, targets, partitions)
+    committed = read_committed_offsets(
+        target_config, control, commit_group, sources, options.transaction_timeout_ms
+    )
+    watermarks = _source_watermarks(source_config, partitions, manifest.name)  # the fixed ends
+
+    for topic in sources:
+        plans, notes = plan_partitions(
+            topic,
+            targets[topic],
+            watermarks[topic],
+            {p: o for (t, p), o in committed.items() if t == topic},
+            source.options.start_from,
+            commit_group,
+        )
+        result.planned.extend(plans)
+        result.notes.extend(notes)
+    planned_total = sum(p.size for p in result.planned)
+    log(f"plan: {planned_total} offset(s) in {len(result.planned)} partition(s)")
+
+    schema_maps: dict[str, dict[int, int]] = {}
+    if options.schema_mapping:
+        schema_maps = _schema_maps(manifest, spark, result, source_config, source_registry, target_registry)
+
+    # Partitions never replicated get a task even when empty: committing their start offset keeps
+    # `start_from: latest` from skipping what arrives before the next run.
+    todo = [p for p in result.planned if p.size > 0 or p.committed is None]
+    crash = _parse_crash_hook(fail_after_produce_for_tests)
+    specs = [
+        _spec(manifest, run_id, plan, source_config, target_config, commit_group, control_partitions,
+              target_partitions[plan.target_topic], schema_maps.get(plan.topic), crash)
+        for plan in todo
+    ]
+    if specs:
+        result.partitions = _run_tasks(spark, specs)
+    log(
+        f"replication: {result.records} record(s) in {sum(p.transactions for p in result.partitions)} "
+        f"transaction(s); committed {result.committed_offsets}"
+    )
+    return result
+
+
+def _spec(
+    manifest: Manifest,
+    run_id: str,
+    plan: PartitionPlan,
+    source_config: dict[str, Any],
+    target_config: dict[str, Any],
+    commit_group: str,
+    control_partitions: int,
+    target_partitions: int,
+    schema_map: dict[int, int] | None,
+    crash: tuple[str, int, str, str] | None,
+) -> ReplicationSpec:
+    source = manifest.source
+    assert isinstance(source, KafkaSource)
+    options = manifest.sink.options
+    replication = options.replication
+    producer = producer_config(target_config, options.delivery)
+    # Java clients' partitioner, so `partitioner` mapping places keys where the target's own
+    # producers would (librdkafka's default hashes differently).
+    producer.setdefault("partitioner", "murmur2_random")
+    spec = ReplicationSpec(
+        pipeline=manifest.name,
+        run_id=run_id,
+        source_config=dict(source_config),
+        target_config=dict(target_config),
+        producer_config=producer,
+        source_topic=plan.topic,
+        source_partition=plan.partition,
+        planned_start=plan.start,
+        end=plan.end,
+        target_topic=plan.target_topic,
+        commit_group=commit_group,
+        control_topic=replication.control_topic.name,
+        control_partitions=control_partitions,
+        partition_mapping=replication.partition_mapping,
+        target_partitions=target_partitions,
+        replicate_headers=replication.replicate_headers,
+        keep_timestamps=replication.keep_timestamps,
+        tracing_headers=replication.tracing_headers,
+        transaction_timeout_ms=replication.transaction_timeout_ms,
+        records_per_transaction=source.options.records_per_task,
+        schema_id_map=schema_map,
+        consumer_overrides=dict(source.options.consumer_config),
+        batch_size=min(source.options.batch_size, 10_000),
+        poll_timeout_ms=source.options.poll_timeout_ms,
+        max_empty_polls=source.options.max_empty_polls,
+    )
+    if crash is not None and (crash[0], crash[1]) == (plan.topic, plan.partition):
+        spec = replace(spec, crash=crash[2], crash_mode=crash[3])  # type: ignore[arg-type]
+    return spec
+
+
+def _schema_maps(
+    manifest: Manifest,
+    spark: SparkSession,
+    result: ReplicationResult,
+    source_config: dict[str, Any],
+    source_registry: dict[str, Any] | None,
+    target_registry: dict[str, Any] | None,
+) -> dict[str, dict[int, int]]:
+    from dpone_dagster.replication.schemas import schema_id_maps, value_schema_ids
+
+    if not source_registry or not target_registry:
+        raise ConfigError(
+            "sink.options.replication.schema_mapping needs a schema_registry_url on both the source and the "
+            "sink connection"
+        )
+    ids = value_schema_ids(spark, result.planned, source_config, f"dpone-replication-{manifest.name}")
+    maps = schema_id_maps(ids, result.targets, source_registry, target_registry, manifest.sink.options.schema_registry)
+    result.notes.extend(f"schema ids of '{t}' mapped {m}" for t, m in maps.items() if m)
+    return maps
+
+
+def _run_tasks(spark: SparkSession, specs: list[ReplicationSpec]) -> list[PartitionReplication]:
+    """One Spark task per source partition; each returns one stats row."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import os
+        import socket
+
+        executor = f"{socket.gethostname()}:{os.environ.get('SPARK_EXECUTOR_ID', 'driver')}"
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                stats = {**replicate_range(specs[index]), "executor": executor}
+                yield pa.RecordBatch.from_pylist([stats], schema=_stats_schema())
+
+    frame = spark.range(0, len(specs), 1, len(specs)).mapInArrow(run, STATS_COLUMNS)
+    try:
+        rows = frame.collect()
+    except Exception as exc:
+        raise RunFailed(
+            f"replication task failed: {task_failure_reason(str(exc))}. Partitions whose transactions "
+            "committed keep their progress in the control topic; a rerun resumes from there"
+        ) from None
+    return sorted(
+        (PartitionReplication(**row.asDict()) for row in rows), key=lambda p: (p.topic, p.partition)
+    )
+
+
+def _stats_schema() -> pa.Schema:
+    return pa.schema(
+        [
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("target_topic", pa.string()),
+            ("planned_start", pa.int64()),
+            ("start", pa.int64()),
+            ("end", pa.int64()),
+            ("records", pa.int64()),
+            ("bytes", pa.int64()),
+            ("transactions", pa.int32()),
+            ("aborted", pa.int32()),
+            ("committed", pa.bool_()),
+            ("executor", pa.string()),
+        ]
+    )
+
+
+_KNOWN_ERRORS = (
+    "ProducerFenced",
+    "FatalTransactionError",
+    "TransactionAbortable",
+    "IncompleteRead",
+    "ReplicationError",
+    "SimulatedCrash",
+    "ConfigError",
+    "RunFailed",
+)
+_ERROR_LINE = re.compile(r"(?:[\w.]+\.)?(" + "|".join(_KNOWN_ERRORS) + r"): (.+)")
+
+
+def task_failure_reason(text: str) -> str:
+    """The task's own error line out of a Spark failure text (tracebacks stay in the Spark logs)."""
+    if "Python worker exited unexpectedly" in text:
+        return "a task's Python worker died before finishing (crashed or killed)"
+    found = [m for m in (_ERROR_LINE.search(line) for line in text.splitlines()) if m]
+    if found:
+        last = found[-1]
+        return redact_known_secrets(f"{last.group(1)}: {last.group(2).strip()}")
+    return redact_known_secrets(text.strip().splitlines()[0][:500] if text.strip() else "unknown error")
