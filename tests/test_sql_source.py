@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 
 from dpone_dagster import columns as C
 from dpone_dagster.connections import JdbcConnection
-from dpone_dagster.errors import ConfigError
+from dpone_dagster.errors import ConfigError, RunFailed
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.sources import sql_text as T
 from dpone_dagster.sources.sql import SqlBatchSource, SqlBoundary, read_bcp_file
@@ -91,7 +91,9 @@ class Database:
         fields = {**self.server, "database": self.name, **overrides}
         return JdbcConnection(**fields)
 
-    def manifest(self, table: str, *, mode: str = "incremental_merge", unique_key: Any = "id", **options) -> Manifest:
+    def manifest(
+        self, table: str, *, mode: str = "incremental_merge", unique_key: Any = "id", **options
+    ) -> Manifest:
         ref: dict[str, Any] = {"name": table}
         if self.schema:
             ref["schema"] = self.schema
@@ -101,8 +103,18 @@ class Database:
         return Manifest.model_validate(
             {
                 "name": "sql_source_test",
-                "source": {"type": self.dialect, "connection_id": "sql_src", "table": ref, "options": options},
-                "sink": {"type": "kafka", "connection_id": "kafka_cluster", "topic": "t", "strategy": strategy},
+                "source": {
+                    "type": self.dialect,
+                    "connection_id": "sql_src",
+                    "table": ref,
+                    "options": options,
+                },
+                "sink": {
+                    "type": "kafka",
+                    "connection_id": "kafka_cluster",
+                    "topic": "t",
+                    "strategy": strategy,
+                },
             }
         )
 
@@ -199,7 +211,9 @@ def test_boundary_query_is_the_exact_select(db, spark):
     db.execute(f"CREATE TABLE {db.table('q_t')} (id INT PRIMARY KEY, updated_at {db.ts})")
     db.execute(f"INSERT INTO {db.table('q_t')} VALUES (1, '2024-05-01 10:00:00.5')")
     source = db.source("q_t", incremental_column="updated_at")
-    boundary = source.plan(spark, {"column": "updated_at", "value": "2024-04-01T00:00:00", "type": "timestamp"})
+    boundary = source.plan(
+        spark, {"column": "updated_at", "value": "2024-04-01T00:00:00", "type": "timestamp"}
+    )
     assert boundary.query == T.select_query(
         db.dialect,
         T.Table(db.schema, "q_t"),
@@ -233,7 +247,11 @@ def test_incremental_runs_ties_and_updates(db, spark):
     assert first.method == "incremental" and first.column == "updated_at" and first.kind == "timestamp"
     assert first.lower is None and first.upper == "2024-01-01T00:00:05.123456"
     assert first.total == 5
-    assert first.new_watermark == {"column": "updated_at", "value": "2024-01-01T00:00:05.123456", "type": "timestamp"}
+    assert first.new_watermark == {
+        "column": "updated_at",
+        "value": "2024-01-01T00:00:05.123456",
+        "type": "timestamp",
+    }
     assert sorted(rows_by_id(source.extract(spark, first).df)) == [1, 2, 3, 4, 5]
     stored = json.loads(json.dumps(first.new_watermark))  # what the state store keeps
 
@@ -294,7 +312,9 @@ def test_timestamp_lookback_duration(db, spark):
         "(3, '2024-01-01 00:05:00'), (4, '2024-01-01 00:10:00')"
     )
     source = db.source("lb_ts", incremental_column="updated_at", lookback="PT5M")
-    boundary = source.plan(spark, {"column": "updated_at", "value": "2024-01-01T00:10:00", "type": "timestamp"})
+    boundary = source.plan(
+        spark, {"column": "updated_at", "value": "2024-01-01T00:10:00", "type": "timestamp"}
+    )
     assert boundary.lower == "2024-01-01T00:05:00"
     assert sorted(rows_by_id(source.extract(spark, boundary).df)) == [3, 4]
 
@@ -319,9 +339,12 @@ def test_empty_window_keeps_the_watermark(db, spark):
 
 def test_columns_subset_and_predicate(db, spark):
     t = db.table("subset")
-    db.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, name VARCHAR(10), secret VARCHAR(10), updated_at {db.ts})")
     db.execute(
-        f"INSERT INTO {t} VALUES " + ", ".join(f"({i}, 'n{i}', 's{i}', '2024-01-01 00:00:0{i}')" for i in range(1, 6))
+        f"CREATE TABLE {t} (id INT PRIMARY KEY, name VARCHAR(10), secret VARCHAR(10), updated_at {db.ts})"
+    )
+    db.execute(
+        f"INSERT INTO {t} VALUES "
+        + ", ".join(f"({i}, 'n{i}', 's{i}', '2024-01-01 00:00:0{i}')" for i in range(1, 6))
     )
     source = db.source("subset", incremental_column="updated_at", columns=["id", "name"], predicate="id > 2")
     boundary = source.plan(spark, None)
@@ -373,7 +396,9 @@ def test_partitioned_incremental_read_keeps_the_window(db, spark):
         f"INSERT INTO {t} VALUES " + ", ".join(f"({i}, '2024-01-01 00:00:{i:02d}')" for i in range(1, 21))
     )
     source = db.source("parts_inc", incremental_column="updated_at", partition_column="id", num_partitions=4)
-    boundary = source.plan(spark, {"column": "updated_at", "value": "2024-01-01T00:00:11", "type": "timestamp"})
+    boundary = source.plan(
+        spark, {"column": "updated_at", "value": "2024-01-01T00:00:11", "type": "timestamp"}
+    )
     ids = [r["id"] for r in source.extract(spark, boundary).df.collect()]
     assert sorted(ids) == list(range(11, 21))
 
@@ -398,8 +423,12 @@ def test_unknown_table_is_a_config_error(db, spark):
 
 
 def test_unknown_columns_are_config_errors(db, spark):
-    db.execute(f"CREATE TABLE {db.table('cols')} (id INT PRIMARY KEY, {db.q('Name')} VARCHAR(5), updated_at {db.ts})")
-    with pytest.raises(ConfigError, match=r"incremental_column: column 'changed_at' does not exist.*Columns: id, Name"):
+    db.execute(
+        f"CREATE TABLE {db.table('cols')} (id INT PRIMARY KEY, {db.q('Name')} VARCHAR(5), updated_at {db.ts})"
+    )
+    with pytest.raises(
+        ConfigError, match=r"incremental_column: column 'changed_at' does not exist.*Columns: id, Name"
+    ):
         db.source("cols", incremental_column="changed_at").plan(spark, None)
     with pytest.raises(ConfigError, match=r"source\.options\.columns: column 'name' .*did you mean 'Name'"):
         db.source("cols", mode="full_refresh", columns=["id", "name"]).plan(spark, None)
@@ -431,6 +460,15 @@ def test_unreachable_database_is_a_config_error(db, spark):
         source.plan(spark, None)
 
 
+def test_refused_login_is_a_config_error(db, spark):
+    source = db.source(
+        "wm", connection=db.connection(user=f"nobody_{uuid.uuid4().hex[:6]}", password="wrong")
+    )
+    with pytest.raises(ConfigError, match="refused the login .*Fix: check the user and password") as info:
+        source.plan(spark, None)
+    assert "wrong" not in str(info.value).replace("wrong_", "")
+
+
 # --------------------------------------------------------------------------- describe / secrets
 
 
@@ -452,7 +490,9 @@ def test_urls_and_drivers_per_dialect():
                 "sink": {"type": "kafka", "connection_id": "k", "topic": "t"},
             }
         )
-        return SqlBatchSource(manifest, JdbcConnection(host="db.local", port=1500, database="sales", user="u"))
+        return SqlBatchSource(
+            manifest, JdbcConnection(host="db.local", port=1500, database="sales", user="u")
+        )
 
     assert source("mssql").jdbc_url() == "jdbc:jtds:sqlserver://db.local:1500/sales"
     assert source("mssql").driver_class() == "net.sourceforge.jtds.jdbc.Driver"
@@ -462,7 +502,10 @@ def test_urls_and_drivers_per_dialect():
     assert source("postgres").driver_class() == "org.postgresql.Driver"
     assert source("mysql").jdbc_url() == "jdbc:mysql://db.local:1500/sales?permitMysqlScheme"
     assert source("mysql").driver_class() == "org.mariadb.jdbc.Driver"
-    assert source("mysql", jdbc_driver="com.mysql.cj.jdbc.Driver").jdbc_url() == "jdbc:mysql://db.local:1500/sales"
+    assert (
+        source("mysql", jdbc_driver="com.mysql.cj.jdbc.Driver").jdbc_url()
+        == "jdbc:mysql://db.local:1500/sales"
+    )
     assert source("mssql").table == T.Table("dbo", "t")  # TableRef's default schema is MSSQL's
     assert source("postgres").table == T.Table(None, "t")  # current schema
     assert source("mysql").table == T.Table(None, "t")  # the connection's database
@@ -516,7 +559,14 @@ def test_bcp_file_round_trips_through_spark_csv(spark, tmp_path):
         "ünïcødé ✓",
     ]
     rows = [
-        (i + 1, note, bytes([i, 0, 255]) if i % 3 else (b"" if i == 0 else None), "2024-01-02T03:04:05.1234567", "1" if i % 2 else "0", "12.3400")
+        (
+            i + 1,
+            note,
+            bytes([i, 0, 255]) if i % 3 else (b"" if i == 0 else None),
+            "2024-01-02T03:04:05.1234567",
+            "1" if i % 2 else "0",
+            "12.3400",
+        )
         for i, note in enumerate(tricky)
     ]
     encodings = [s.encoding for s in specs]
@@ -552,8 +602,18 @@ def _mssql_source(**options: Any) -> SqlBatchSource:
     manifest = Manifest.model_validate(
         {
             "name": "m",
-            "source": {"type": "mssql", "connection_id": "c", "table": {"name": "orders"}, "options": options},
-            "sink": {"type": "kafka", "connection_id": "k", "topic": "t", "strategy": {"mode": "full_refresh"}},
+            "source": {
+                "type": "mssql",
+                "connection_id": "c",
+                "table": {"name": "orders"},
+                "options": options,
+            },
+            "sink": {
+                "type": "kafka",
+                "connection_id": "k",
+                "topic": "t",
+                "strategy": {"mode": "full_refresh"},
+            },
         }
     )
     return SqlBatchSource(manifest, JdbcConnection(host="127.0.0.1", user="sa", password="pw"))
@@ -583,7 +643,9 @@ def test_pyodbc_mode_without_pyodbc_is_a_config_error(db, spark, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyodbc", None)  # import fails
     source = db.source("wm", export_mode="pyodbc")
     boundary = source.plan(spark, None)
-    with pytest.raises(ConfigError, match=r"export_mode: pyodbc needs the pyodbc package.*pip install pyodbc"):
+    with pytest.raises(
+        ConfigError, match=r"export_mode: pyodbc needs the pyodbc package.*pip install pyodbc"
+    ):
         source.extract(spark, boundary)
 
 
@@ -646,3 +708,239 @@ def test_pyodbc_mode_streams_batches_into_spark(db, spark, monkeypatch):
         "string",
     ]
     assert result.df.where(F.col(C.OP) != C.UPSERT).count() == 0
+
+
+# --------------------------------------------------------------------------- MSSQL plans (canned answers)
+#
+# No MSSQL server exists here: the planning logic runs against canned answers keyed by the query
+# text it sends, and the produced SQL is asserted as text.
+
+ORDERS_COLUMNS = (
+    T.ColumnInfo("order_id", "int", 10, 0),
+    T.ColumnInfo("amount", "money", 19, 4),
+    T.ColumnInfo("updated_at", "datetime2"),
+)
+
+
+def _canned(source: SqlBatchSource, answers: dict[str, list[tuple]]) -> list[str]:
+    sent: list[str] = []
+
+    def run_query(spark, sql, what):
+        sent.append(sql)
+        for needle, rows in answers.items():
+            if needle in sql:
+                return rows
+        raise AssertionError(f"unexpected query {sql}")
+
+    source.check_driver = lambda spark: None  # type: ignore[method-assign]
+    source._catalog = ORDERS_COLUMNS
+    source.run_query = run_query  # type: ignore[method-assign]
+    return sent
+
+
+def _mssql(mode: str, **options: Any) -> SqlBatchSource:
+    manifest = Manifest.model_validate(
+        {
+            "name": "m",
+            "source": {
+                "type": "mssql",
+                "connection_id": "c",
+                "table": {"name": "orders"},
+                "options": options,
+            },
+            "sink": {
+                "type": "kafka",
+                "connection_id": "k",
+                "topic": "t",
+                "strategy": {"mode": mode, "unique_key": "order_id"},
+            },
+        }
+    )
+    return SqlBatchSource(manifest, JdbcConnection(host="sql.local", user="sa", password="pw"))
+
+
+def test_mssql_incremental_plan_text():
+    source = _mssql("incremental_merge", incremental_column="updated_at", lookback="PT1M")
+    sent = _canned(source, {"MAX(": [("2024-01-02T03:04:05.1234567", 12)]})
+    boundary = source.plan(
+        None, {"column": "updated_at", "value": "2024-01-01T00:01:00.003", "type": "timestamp"}
+    )
+    assert sent[0] == (
+        "SELECT CONVERT(VARCHAR(27), MAX([updated_at]), 126) AS [max_value], COUNT_BIG([updated_at]) AS [row_count] "
+        "FROM [dbo].[orders] WHERE [updated_at] >= '2024-01-01T00:00:00.003'"
+    )
+    assert boundary.query == (
+        "SELECT [order_id], CAST([amount] AS DECIMAL(19,4)) AS [amount], [updated_at] FROM [dbo].[orders] "
+        "WHERE [updated_at] >= '2024-01-01T00:00:00.003' AND [updated_at] <= '2024-01-02T03:04:05.1234567'"
+    )
+    assert boundary.total == 12 and boundary.kind == "timestamp"
+    assert boundary.new_watermark == {
+        "column": "updated_at",
+        "value": "2024-01-02T03:04:05.1234567",
+        "type": "timestamp",
+    }
+    json.dumps(boundary.as_dict())
+
+
+def test_mssql_cdc_first_run_starts_at_the_minimum_lsn():
+    source = _mssql("cdc")
+    sent = _canned(
+        source,
+        {
+            "fn_cdc_get_min_lsn": [("0x0000002A000001F40001",)],
+            "fn_cdc_get_max_lsn": [("0x0000002A000002000003",)],
+        },
+    )
+    boundary = source.plan(None, None)
+    assert sent == [T.cdc_min_lsn_query("dbo_orders"), T.cdc_max_lsn_query()]
+    assert boundary.method == "cdc" and boundary.kind == "lsn"
+    assert (boundary.lower, boundary.upper) == ("0x0000002A000001F40001", "0x0000002A000002000003")
+    assert boundary.query == T.cdc_query(
+        "dbo_orders",
+        "0x0000002A000001F40001",
+        "0x0000002A000002000003",
+        ["order_id", "amount", "updated_at"],
+        expressions={"amount": "CAST([amount] AS DECIMAL(19,4))"},
+    )
+    assert boundary.new_watermark == {
+        "column": "__$start_lsn",
+        "value": "0x0000002A000002000003",
+        "type": "lsn",
+        "capture_instance": "dbo_orders",
+    }
+
+
+def test_mssql_cdc_next_run_starts_after_the_stored_lsn():
+    source = _mssql("cdc", capture_instance="sales_orders_v2")
+    stored = {"column": "__$start_lsn", "value": "0x0000002A000002000003", "type": "lsn"}
+    sent = _canned(
+        source,
+        {
+            "fn_cdc_get_min_lsn": [("0x0000002A000001F40001",)],
+            "fn_cdc_get_max_lsn": [("0x0000002B000000100002",)],
+            "fn_cdc_increment_lsn": [("0x0000002A000002000004",)],
+        },
+    )
+    boundary = source.plan(None, stored)
+    assert T.cdc_increment_lsn_query("0x0000002A000002000003") in sent
+    assert boundary.lower == "0x0000002A000002000004" and boundary.upper == "0x0000002B000000100002"
+    assert (
+        "[cdc].[fn_cdc_get_all_changes_sales_orders_v2](0x0000002A000002000004, 0x0000002B000000100002, N'all')"
+        in (boundary.query)
+    )
+    assert boundary.new_watermark["value"] == "0x0000002B000000100002"
+
+
+def test_mssql_cdc_without_changes_keeps_the_stored_lsn():
+    source = _mssql("cdc")
+    stored = {"column": "__$start_lsn", "value": "0x0000002A000002000003", "type": "lsn"}
+    _canned(
+        source,
+        {
+            "fn_cdc_get_min_lsn": [("0x0000002A000001F40001",)],
+            "fn_cdc_get_max_lsn": [("0x0000002A000002000003",)],
+            "fn_cdc_increment_lsn": [("0x0000002A000002000004",)],
+        },
+    )
+    boundary = source.plan(None, stored)
+    assert boundary.empty and boundary.query.startswith("SELECT TOP 0 ")
+    assert boundary.new_watermark["value"] == stored["value"]
+
+
+def test_mssql_cdc_refuses_gaps_and_missing_capture_instances():
+    stored = {"column": "__$start_lsn", "value": "0x0000002A000002000003", "type": "lsn"}
+    source = _mssql("cdc")
+    _canned(
+        source,
+        {
+            "fn_cdc_get_min_lsn": [("0x0000002F000000000001",)],  # cleanup removed what we need
+            "fn_cdc_get_max_lsn": [("0x00000030000000000001",)],
+            "fn_cdc_increment_lsn": [("0x0000002A000002000004",)],
+        },
+    )
+    with pytest.raises(RunFailed, match="removed by the CDC cleanup job"):
+        source.plan(None, stored)
+    source = _mssql("cdc")
+    _canned(source, {"fn_cdc_get_min_lsn": [(T.ZERO_LSN,)]})
+    with pytest.raises(ConfigError, match="capture instance 'dbo_orders' does not exist"):
+        source.plan(None, None)
+    source = _mssql("cdc")
+    _canned(
+        source,
+        {
+            "fn_cdc_get_min_lsn": [("0x0000002A000001F40001",)],
+            "fn_cdc_get_max_lsn": [("0x0000002A000002000003",)],
+        },
+    )
+    with pytest.raises(ConfigError, match="not an LSN"):
+        source.plan(None, {"column": "updated_at", "value": "2024-01-01T00:00:00", "type": "timestamp"})
+
+
+def test_cdc_extract_maps_operations_order_and_types(spark):
+    """The CDC rows as jTDS delivers them (datetime2 as text) become typed rows with op and order."""
+    source = _mssql("cdc")
+    _canned(
+        source,
+        {
+            "fn_cdc_get_min_lsn": [("0x0000002A000001F40001",)],
+            "fn_cdc_get_max_lsn": [("0x0000002A000002000003",)],
+        },
+    )
+    boundary = source.plan(None, None)
+    raw = spark.createDataFrame(
+        [
+            (
+                "0x0000002A000001F40001",
+                "0x0000002A000001F40001",
+                2,
+                1,
+                Decimal("10.5000"),
+                "2024-01-02 03:04:05.1234567",
+            ),
+            (
+                "0x0000002A000001F50001",
+                "0x0000002A000001F50002",
+                4,
+                1,
+                Decimal("11.0000"),
+                "2024-01-02 03:05:00.0000000",
+            ),
+            (
+                "0x0000002A000002000003",
+                "0x0000002A000002000001",
+                1,
+                1,
+                Decimal("11.0000"),
+                "2024-01-02 03:06:00.0000000",
+            ),
+        ],
+        f"{T.CDC_START_LSN} string, {T.CDC_SEQVAL} string, {T.CDC_OPERATION} int, order_id int, "
+        "amount decimal(19,4), updated_at string",
+    )
+    source._read_jdbc = lambda spark, boundary: (raw, "jdbc read in one partition")  # type: ignore[method-assign]
+    result = source.extract(spark, boundary)
+    assert [(f.name, f.dataType.simpleString()) for f in result.schema.fields] == [
+        ("order_id", "int"),
+        ("amount", "decimal(19,4)"),
+        ("updated_at", "timestamp"),
+    ]
+    rows = result.df.orderBy(C.ORDER).collect()
+    assert [r[C.OP] for r in rows] == [C.UPSERT, C.UPSERT, C.DELETE]
+    assert rows[0]["updated_at"] == datetime(2024, 1, 2, 3, 4, 5, 123456)
+    assert rows[2][C.ORDER].asDict() == {"lsn": "0x0000002A000002000003", "seq": "0x0000002A000002000001"}
+
+
+def test_postgres_timestamptz_watermark_is_utc(db, spark):
+    if db.dialect != "postgres":
+        pytest.skip("timestamp with time zone is a PostgreSQL type")
+    t = db.table("tz")
+    db.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, changed TIMESTAMPTZ)")
+    db.execute(f"INSERT INTO {t} VALUES (1, '2024-01-01 05:00:00+05:00'), (2, '2024-01-01 01:00:00+01:00')")
+    source = db.source("tz", incremental_column="changed")
+    first = source.plan(spark, None)
+    assert first.kind == "timestamp_tz" and first.upper == "2024-01-01T00:00:00"
+    assert "'2024-01-01T00:00:00+00:00'" in first.query
+    assert sorted(rows_by_id(source.extract(spark, first).df)) == [1, 2]  # the same instant
+    db.execute(f"INSERT INTO {t} VALUES (3, '2024-01-01 00:30:00+00:00')")
+    second = source.plan(spark, first.new_watermark)
+    assert sorted(rows_by_id(source.extract(spark, second).df)) == [1, 2, 3]

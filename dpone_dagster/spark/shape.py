@@ -130,9 +130,10 @@ def to_messages(keyed: DataFrame, sink: KafkaSink, ctx: ShapeContext, registry: 
             F.lit(-1).cast("int").alias("partition"),
             F.col(C.OP),
             tombstone.alias(TOMBSTONE),
+            *[v.alias(k) for k, v in _lineage(keyed).items()],
             *[F.col(c) for c in payload],
         )
-        encoded = encode_messages(staged.withColumns(_lineage(keyed)), registry, payload, TOMBSTONE)
+        encoded = encode_messages(staged, registry, payload, TOMBSTONE)
         return encoded.select("key", "value", "headers", "partition", C.OP, *LINEAGE)
     value = F.when(tombstone, F.lit(None).cast("string")).otherwise(value)
     return keyed.select(
