@@ -135,8 +135,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from datetime import datetime
 
     from dpone_dagster.engine.run import RunRequest, run_pipeline
+    from dpone_dagster.resources.spark import spark_config_from_env
     from dpone_dagster.sources.kafka import TimeWindow
-    from dpone_dagster.spark.session import get_spark
+    from dpone_dagster.spark.session import get_spark, jdbc_jars, with_jars
 
     manifest = load_manifest(args.manifest)
     windows = None
@@ -153,7 +154,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not quiet:
             print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
-    spark = get_spark()
+    spark = get_spark(with_jars(spark_config_from_env(), jdbc_jars([manifest])))
     try:
         result = run_pipeline(manifest, spark, RunRequest(windows=windows, log=log))
     except RunFailed as exc:

@@ -14,6 +14,7 @@ from dpone_dagster.manifest import ManifestError, discover_manifests, load_manif
 from dpone_dagster.manifest.rules import Problem
 from dpone_dagster.resources import KafkaResource, SchemaRegistryResource, spark_resource
 from dpone_dagster.sensors import build_source_sensor
+from dpone_dagster.spark.session import jdbc_jars
 
 
 def manifests_dir() -> Path:
@@ -25,6 +26,7 @@ def build_definitions(directory: str | Path | None = None) -> Definitions:
     assets: list = []
     sensors: list = []
     sources: dict = {}
+    manifests = []
     names: dict[str, Path] = {}
     for path in discover_manifests(directory):
         manifest = load_manifest(path)
@@ -32,6 +34,7 @@ def build_definitions(directory: str | Path | None = None) -> Definitions:
             fix = f"'{manifest.name}' is also the name of {names[manifest.name]}; give each manifest its own name"
             raise ManifestError(str(path), [Problem("name", fix)])
         names[manifest.name] = path
+        manifests.append(manifest)
         assets.append(build_manifest_asset(manifest, path))
         source_sensor = build_source_sensor(manifest)
         if source_sensor is not None:
@@ -42,7 +45,7 @@ def build_definitions(directory: str | Path | None = None) -> Definitions:
         assets=[*sources.values(), *assets],
         sensors=sensors,
         resources={
-            "pyspark": spark_resource(),
+            "pyspark": spark_resource(jdbc_jars(manifests)),
             "kafka": KafkaResource(),
             "schema_registry": SchemaRegistryResource(),
         },

@@ -108,8 +108,6 @@ def _write_artifacts(manifest: Manifest, result: RunResult, log: Log) -> None:
 
 def _refuse_unsupported(manifest: Manifest) -> None:
     """Settings the model accepts but this engine cannot execute yet: refuse before any IO."""
-    if not isinstance(manifest.source, KafkaSource):
-        raise ConfigError(f"source.type: {manifest.source.type} runs are not available yet; use a kafka source")
     if manifest.sink.options.delivery.mode == "exactly_once":
         raise ConfigError("sink.options.delivery.mode: exactly_once is not available yet; use idempotent")
 
@@ -145,6 +143,55 @@ def open_manifest_state_store(manifest: Manifest) -> StateStore:
     return open_state_store(state, manifest.name, connect_kwargs)
 
 
+@dataclass
+class _PlannedRead:
+    """A source's fixed boundary and how to advance the state once the sink succeeded."""
+
+    source: Any  # KafkaBatchSource | SqlBatchSource
+    boundary: Any  # Boundary | SqlBoundary
+    name: str  # what is read, for messages
+    incremental: bool  # an empty batch means "no new data" (not a short batch)
+    commit: Callable[[RunRecord], dict[int, int]]
+
+
+def _plan_kafka(
+    manifest: Manifest, request: RunRequest, store: StateStore, record: RunRecord, result: RunResult, kafka_config: Callable
+) -> _PlannedRead:
+    source_registry = _registry_config(manifest.source) if manifest.source.options.message_format != "json" else None
+    source = KafkaBatchSource(manifest, kafka_config(manifest.source), source_registry)
+    offsets = OffsetStorage(manifest, store, source.client_config, source.group_id)
+    stored = offsets.load(request.fallback_offsets, manifest.name, record.run_id)
+    boundary = source.plan(stored, request.windows)
+    result.lag_before = boundary.lag_before
+    # A time window or a replaced slice is addressed by its bounds, not by a cursor.
+    advance = boundary.method != "time_window" and manifest.sink.strategy.mode != "replace"
+
+    def commit(success: RunRecord) -> dict[int, int]:
+        offsets.commit(success, boundary.end_offsets if advance else None)
+        result.lag_after = boundary.lag_before - boundary.total if advance else None
+        return boundary.end_offsets if advance else {}
+
+    incremental = boundary.method in ("offsets", "max_records") and manifest.sink.strategy.mode not in ("full_refresh", "replace")
+    summary = f"{boundary.total} offsets in {len(boundary.ranges)} partition(s) of '{boundary.topic}'"
+    return _PlannedRead(source, boundary, summary, incremental, commit)
+
+
+def _plan_sql(manifest: Manifest, spark: SparkSession, store: StateStore) -> _PlannedRead:
+    from dpone_dagster.connections import resolve_jdbc
+    from dpone_dagster.sources.sql import SqlBatchSource
+
+    source = SqlBatchSource(manifest, resolve_jdbc(manifest.source))
+    boundary = source.plan(spark, store.load_watermark(manifest.name))
+
+    def commit(success: RunRecord) -> dict[int, int]:
+        # The watermark moves in the same commit that marks the run successful.
+        store.finish_run_success(success, None, None, None, watermark=boundary.new_watermark)
+        return {}
+
+    summary = f"{boundary.method} read of {boundary.table} ({boundary.total if boundary.total is not None else '?'} rows)"
+    return _PlannedRead(source, boundary, summary, boundary.method in ("incremental", "cdc"), commit)
+
+
 def _run(
     manifest: Manifest,
     spark: SparkSession,
@@ -156,19 +203,15 @@ def _run(
     log = request.log
     kafka_config = request.kafka_config or (lambda ref: resolve_kafka(ref).client_config())
     sink_config = kafka_config(manifest.sink)
-    source_registry = (
-        _registry_config(manifest.source) if manifest.source.options.message_format != "json" else None
-    )
-    source = KafkaBatchSource(manifest, kafka_config(manifest.source), source_registry)
-    offsets = OffsetStorage(manifest, store, source.client_config, source.group_id)
 
     with _stage(result, "plan", log):
-        stored = offsets.load(request.fallback_offsets, manifest.name, record.run_id)
-        boundary = source.plan(stored, request.windows)
-        result.boundary = boundary.as_dict()
-        result.notes.extend(boundary.notes)
-        result.lag_before = boundary.lag_before
-        log(f"plan: {boundary.total} offsets in {len(boundary.ranges)} partition(s) of '{boundary.topic}'")
+        if isinstance(manifest.source, KafkaSource):
+            planned = _plan_kafka(manifest, request, store, record, result, kafka_config)
+        else:
+            planned = _plan_sql(manifest, spark, store)
+        result.boundary = planned.boundary.as_dict()
+        result.notes.extend(planned.boundary.notes)
+        log(f"plan: {planned.name}")
 
     with _stage(result, "preflight", log):
         ensure_sink_topic(sink_config, manifest.sink.topic, manifest.sink.options.create_topic)
@@ -176,7 +219,7 @@ def _run(
     staged: DataFrame | None = None
     try:
         with _stage(result, "extract", log):
-            extracted = source.extract(spark, boundary, log)
+            extracted = planned.source.extract(spark, planned.boundary, log)
             result.notes.extend(extracted.notes)
             staged = extracted.df.persist(StorageLevel.MEMORY_AND_DISK)
             counts = staged.agg(
@@ -192,12 +235,12 @@ def _run(
                     F.col(C.SOURCE_OFFSET).alias("offset"),
                     _corrupt_reason().alias("reason"),
                 )
-                what = f"record(s) of '{boundary.topic}' could not be decoded"
+                what = f"record(s) of {planned.name} could not be decoded"
                 handle_bad_records(manifest, bad, corrupt, extracted.raw, sink_config, result, what)
                 staged = staged.where(F.col(C.CORRUPT).isNull())
 
         with _stage(result, "quality_pre", log):
-            _pre_publish_gates(manifest, staged, boundary, result)
+            _pre_publish_gates(manifest, staged, planned.incremental, result)
 
         if result.rows_extracted - result.rows_dead_lettered - result.rows_skipped == 0:
             log("extract: no new records; nothing to produce")
@@ -209,15 +252,10 @@ def _run(
             staged.unpersist()
 
     with _stage(result, "commit", log):
-        end_offsets = boundary.end_offsets
-        # A time window or a replaced slice is addressed by its bounds, not by a cursor.
-        advance = boundary.method != "time_window" and manifest.sink.strategy.mode != "replace"
-        result.committed_offsets = end_offsets if advance else {}
         result.status = "success"
         result.finished_at = utcnow().isoformat()
-        offsets.commit(_record(record, result, "success"), end_offsets if advance else None)
-        result.lag_after = boundary.lag_before - boundary.total if advance else None
-        log(f"commit: offsets {result.committed_offsets or 'unchanged (' + boundary.method + ')'}")
+        result.committed_offsets = planned.commit(_record(record, result, "success"))
+        log(f"commit: {result.committed_offsets or 'state advanced' if planned.incremental else 'offsets unchanged'}")
 
 
 def _shape_and_load(
@@ -257,15 +295,11 @@ def _shape_and_load(
         _post_publish_gates(manifest, stats, expected, result)
 
 
-def _pre_publish_gates(manifest: Manifest, staged: DataFrame, boundary: Any, result: RunResult) -> None:
+def _pre_publish_gates(manifest: Manifest, staged: DataFrame, incremental: bool, result: RunResult) -> None:
     """Gates on the staged batch, before anything is produced; fail mode stops the run here."""
     from dpone_dagster.quality.gates import failed_gates, run_pre_publish
 
     quality = manifest.quality
-    incremental = boundary.method in ("offsets", "max_records") and manifest.sink.strategy.mode not in (
-        "full_refresh",
-        "replace",
-    )
     gates = run_pre_publish(
         staged,
         quality.checks,

@@ -218,20 +218,33 @@ def _warn_unless_compacted(admin: AdminClient, name: str, log: Log | None) -> No
         )
 
 
-def read_control_topic(
+@dataclass(frozen=True)
+class ControlSnapshot:
+    entries: dict[PartitionKey, ControlEntry]
+    # False: an open transaction kept the end of the topic unreadable within the wait, so an entry
+    # committed behind it may be missing or older here.
+    complete: bool
+    behind: dict[int, tuple[int, int]]  # control partition -> (reached, end) when incomplete
+
+    @property
+    def offsets(self) -> dict[PartitionKey, int]:
+        return {pk: entry.offset for pk, entry in self.entries.items()}
+
+
+def snapshot_control_topic(
     client_config: dict[str, Any],
     control_topic: str,
     commit_group: str,
     topics: Iterable[str] | None = None,
-    timeout_s: float = 90.0,
+    wait_s: float = 90.0,
     missing_ok: bool = False,
-) -> dict[PartitionKey, ControlEntry]:
+) -> ControlSnapshot:
     """Read the whole control topic read_committed up to its verified end; latest entry per key.
 
-    The end is the high watermark seen now, and the read only finishes when the consumer position
-    reaches it: the last stable offset stays behind an open transaction, so waiting for the
-    position proves that every transaction writing before this call has committed or aborted
-    (a replication task that committed and then died is never read as "not committed yet").
+    The end is the high watermark seen now, and the read is complete only when the consumer
+    position reaches it: the last stable offset stays behind an open transaction, so reaching the
+    end proves that every transaction that wrote before this call has committed or aborted (a task
+    that committed and then died is never read as "not committed yet").
     """
     consumer = make_consumer(
         client_config,
@@ -247,34 +260,49 @@ def read_control_topic(
             partitions = topic_partitions(consumer, control_topic)
         except ConfigError:
             if missing_ok:
-                return {}
+                return ControlSnapshot({}, True, {})
             raise
         watermarks = verified_watermarks(consumer, control_topic, partitions)
         ends = {p: wm.high for p, wm in watermarks.items() if wm.high > wm.low}
-        records = _read_until(consumer, control_topic, {p: watermarks[p].low for p in ends}, ends, timeout_s)
+        records, behind = _read_until(consumer, control_topic, {p: watermarks[p].low for p in ends}, ends, wait_s)
     finally:
         consumer.close()
-    return fold_records(records, commit_group, topics)
+    return ControlSnapshot(fold_records(records, commit_group, topics), not behind, behind)
+
+
+def read_control_topic(
+    client_config: dict[str, Any],
+    control_topic: str,
+    commit_group: str,
+    topics: Iterable[str] | None = None,
+    timeout_s: float = 90.0,
+    missing_ok: bool = False,
+) -> dict[PartitionKey, ControlEntry]:
+    """`snapshot_control_topic` that must be complete (raises RunFailed after `timeout_s`)."""
+    snapshot = snapshot_control_topic(client_config, control_topic, commit_group, topics, timeout_s, missing_ok)
+    if not snapshot.complete:
+        raise RunFailed(
+            f"control topic '{control_topic}' could not be read up to its end within {timeout_s:.0f}s "
+            f"(partition: (reached, end) {snapshot.behind}): an open transaction holds the last stable offset "
+            "(a running replication of another partition, or a crashed one that the broker aborts after "
+            "transaction.timeout.ms); retry later"
+        )
+    return snapshot.entries
 
 
 def _read_until(
-    consumer: Any, topic: str, starts: dict[int, int], ends: dict[int, int], timeout_s: float
-) -> list[tuple[bytes | None, bytes | None, int, int, int]]:
+    consumer: Any, topic: str, starts: dict[int, int], ends: dict[int, int], wait_s: float
+) -> tuple[list[tuple[bytes | None, bytes | None, int, int, int]], dict[int, tuple[int, int]]]:
+    """(records below the ends, {partition: (reached, end)} of partitions not read to the end)."""
     if not ends:
-        return []
+        return [], {}
     consumer.assign([TopicPartition(topic, p, starts[p]) for p in ends])
     reached = dict(starts)
     out: list[tuple[bytes | None, bytes | None, int, int, int]] = []
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + wait_s
     while any(reached[p] < ends[p] for p in ends):
         if time.monotonic() > deadline:
-            behind = {p: (reached[p], ends[p]) for p in ends if reached[p] < ends[p]}
-            raise RunFailed(
-                f"control topic '{topic}' could not be read up to its end within {timeout_s:.0f}s "
-                f"(partition: (reached, end) {behind}): an open transaction holds the last stable offset "
-                "(a running replication of another partition, or a crashed one that the broker aborts "
-                "after transaction.timeout.ms); retry later"
-            )
+            return out, {p: (reached[p], ends[p]) for p in ends if reached[p] < ends[p]}
         for message in consumer.consume(num_messages=10_000, timeout=0.5):
             err = message.error()
             p = message.partition()
@@ -291,7 +319,7 @@ def _read_until(
         for tp in consumer.position([TopicPartition(topic, p) for p in ends]):
             if tp.offset >= 0:
                 reached[tp.partition] = max(reached[tp.partition], tp.offset)
-    return out
+    return out, {}
 
 
 def read_committed_offsets(

@@ -313,7 +313,12 @@ def read_range(consumer: Consumer, spec: ReplicationSpec, start: int, end: int) 
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     continue
-                raise IncompleteRead(f"{topic}[{partition}]: fetch error at offset {position}: {err}")
+                hint = (
+                    " (the offset is outside the log: did retention delete records before they were replicated?)"
+                    if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
+                    else ""
+                )
+                raise IncompleteRead(f"{topic}[{partition}]: fetch error at offset {position}: {err}{hint}")
             offset = message.offset()
             if offset >= end:
                 position = end

@@ -45,11 +45,17 @@ def plan_start(
     committed: int | None,
     start_from: str,
     commit_group: str,
+    provisional: bool = False,
 ) -> tuple[int, str | None]:
-    """(start offset, note or None) for one source partition."""
+    """(start offset, note or None) for one source partition.
+
+    `provisional`: the control topic could not be read to its end (an open transaction), so
+    `committed` may be older than the truth; only checks a newer offset cannot invalidate apply,
+    and the task decides from its own read after fencing.
+    """
     if committed is not None:
         key = encode_key(commit_group, topic, partition).decode()
-        if committed < watermarks.low:
+        if committed < watermarks.low and not provisional:
             raise RunFailed(
                 f"{topic}[{partition}]: committed offset {committed} is below the log start offset "
                 f"{watermarks.low}: retention deleted {watermarks.low - committed} record(s) before they were "
@@ -76,12 +82,13 @@ def plan_partitions(
     committed: dict[int, int],
     start_from: str,
     commit_group: str,
+    provisional: bool = False,
 ) -> tuple[list[PartitionPlan], list[str]]:
     plans: list[PartitionPlan] = []
     notes: list[str] = []
     for partition in sorted(watermarks):
         wm = watermarks[partition]
-        start, note = plan_start(topic, partition, wm, committed.get(partition), start_from, commit_group)
+        start, note = plan_start(topic, partition, wm, committed.get(partition), start_from, commit_group, provisional)
         if note:
             notes.append(note)
         plans.append(PartitionPlan(topic, partition, target_topic, start, wm.high, committed.get(partition)))

@@ -25,13 +25,17 @@ from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.replication.control_topic import (
     commit_group_of,
     ensure_control_topic,
-    read_committed_offsets,
+    snapshot_control_topic,
 )
 from dpone_dagster.replication.eos_task import ReplicationSpec, replicate_range
 from dpone_dagster.replication.mapping import resolve_source_topics, resolve_targets, target_partition
 from dpone_dagster.replication.plan import PartitionPlan, plan_partitions
 
 Log = Callable[[str], None]
+
+# The driver's read of the control topic only plans (tasks re-read after fencing), so it does not
+# wait out a crashed attempt's transaction: the rerun's own init_transactions aborts that at once.
+DRIVER_CONTROL_WAIT_S = 10.0
 
 STATS_COLUMNS = (
     "topic string, partition int, target_topic string, planned_start long, start long, end long, "
@@ -213,9 +217,13 @@ def run_replication(
 
     control_partitions = ensure_control_topic(target_config, control, log)
     target_partitions = _ensure_targets(manifest, target_config, targets, partitions)
-    committed = read_committed_offsets(
-        target_config, control, commit_group, sources, options.transaction_timeout_ms
-    )
+    snapshot = snapshot_control_topic(target_config, control.name, commit_group, sources, DRIVER_CONTROL_WAIT_S)
+    if not snapshot.complete:
+        result.notes.append(
+            f"control topic '{control.name}' has an open transaction (a running or crashed task); planned starts "
+            "are provisional: each task re-reads its offset after fencing older attempts"
+        )
+    committed = snapshot.offsets
     watermarks = _source_watermarks(source_config, partitions, manifest.name)  # the fixed ends
 
     for topic in sources:
@@ -226,6 +234,7 @@ def run_replication(
             {p: o for (t, p), o in committed.items() if t == topic},
             source.options.start_from,
             commit_group,
+            provisional=not snapshot.complete,
         )
         result.planned.extend(plans)
         result.notes.extend(notes)

@@ -9,7 +9,7 @@ from typing import Any
 
 from dagster_pyspark import LazyPySparkResource
 
-from dpone_dagster.spark.session import default_spark_conf, ensure_executor_python
+from dpone_dagster.spark.session import default_spark_conf, ensure_executor_python, with_jars
 
 
 def spark_config_from_env() -> dict[str, Any]:
@@ -18,6 +18,7 @@ def spark_config_from_env() -> dict[str, Any]:
     return {**default_spark_conf(), **extra}
 
 
-def spark_resource(conf: dict[str, Any] | None = None) -> LazyPySparkResource:
+def spark_resource(jars: list[str] | None = None) -> LazyPySparkResource:
+    """The run's Spark session settings; `jars` (JDBC drivers) join any from DPONE_SPARK_CONF."""
     ensure_executor_python()
-    return LazyPySparkResource(spark_config={**spark_config_from_env(), **(conf or {})})
+    return LazyPySparkResource(spark_config=with_jars(spark_config_from_env(), jars or []))

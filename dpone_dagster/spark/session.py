@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -20,8 +21,38 @@ def default_spark_conf() -> dict[str, Any]:
         "spark.sql.shuffle.partitions": "8",
         # A failed producing task must fail the run rather than re-send silently.
         "spark.task.maxFailures": "1",
-        "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN",
+        # Wall-clock database timestamps are read in UTC on every JVM.
+        "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN -Duser.timezone=UTC",
+        "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     }
+
+
+# JDBC drivers as Debian installs them (libpostgresql-jdbc-java, libmariadb-java, libjtds-java).
+DEBIAN_JDBC_JARS = {
+    "postgres": "/usr/share/java/postgresql.jar",
+    "mysql": "/usr/share/java/mariadb-java-client.jar",
+    "mssql": "/usr/share/java/jtds.jar",
+}
+
+
+def jdbc_jars(manifests: Iterable[Any]) -> list[str]:
+    """Driver jars the SQL sources need on `spark.jars` (jars cannot join a running session):
+    each source's `jdbc_jar`, else Debian's jar for its dialect when it is installed."""
+    jars: list[str] = []
+    for manifest in manifests:
+        source = manifest.source
+        if getattr(source, "type", "kafka") == "kafka":
+            continue
+        jar = source.options.jdbc_jar or DEBIAN_JDBC_JARS.get(source.type)
+        if jar and os.path.exists(jar) and jar not in jars:
+            jars.append(jar)
+    return jars
+
+
+def with_jars(conf: dict[str, Any], jars: list[str]) -> dict[str, Any]:
+    existing = [j for j in str(conf.get("spark.jars", "")).split(",") if j]
+    merged = existing + [j for j in jars if j not in existing]
+    return {**conf, "spark.jars": ",".join(merged)} if merged else conf
 
 
 def ensure_executor_python() -> None:
