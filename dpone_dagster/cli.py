@@ -134,7 +134,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from datetime import datetime
 
-    from dpone_dagster.engine.run import RunRequest, run_pipeline
+    from dpone_dagster.engine.run import RunRequest, resolve_connections, run_pipeline
     from dpone_dagster.resources.spark import spark_config_from_env
     from dpone_dagster.sources.kafka import TimeWindow
     from dpone_dagster.spark.session import get_spark, jdbc_jars, with_jars
@@ -154,12 +154,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not quiet:
             print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
-    spark = get_spark(with_jars(spark_config_from_env(), jdbc_jars([manifest])))
     try:
+        resolve_connections(manifest)  # missing credentials: exit 2 before a JVM starts
+        spark = get_spark(with_jars(spark_config_from_env(), jdbc_jars([manifest])))
         result = run_pipeline(manifest, spark, RunRequest(windows=windows, log=log))
-    except RunFailed as exc:
+    except (RunFailed, ConfigError) as exc:
         if quiet:
-            print(json.dumps({"status": "failed", "pipeline": manifest.name, "error": redact_known_secrets(str(exc))}))
+            status = "failed" if isinstance(exc, RunFailed) else "config_error"
+            print(json.dumps({"status": status, "pipeline": manifest.name, "error": redact_known_secrets(str(exc))}))
         raise
     if quiet:
         print(json.dumps(result.as_dict(), default=str))

@@ -7,10 +7,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dagster import Definitions, in_process_executor
+from dagster import AssetKey, Definitions, in_process_executor
 
 from dpone_dagster.assets.factory import build_manifest_asset, source_asset_spec
 from dpone_dagster.manifest import ManifestError, discover_manifests, load_manifest
+from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.manifest.rules import Problem
 from dpone_dagster.resources import KafkaResource, SchemaRegistryResource, spark_resource
 from dpone_dagster.sensors import build_source_sensor
@@ -23,10 +24,7 @@ def manifests_dir() -> Path:
 
 def build_definitions(directory: str | Path | None = None) -> Definitions:
     directory = Path(directory) if directory is not None else manifests_dir()
-    assets: list = []
-    sensors: list = []
-    sources: dict = {}
-    manifests = []
+    loaded: list[tuple[Path, Manifest]] = []
     names: dict[str, Path] = {}
     for path in discover_manifests(directory):
         manifest = load_manifest(path)
@@ -34,24 +32,30 @@ def build_definitions(directory: str | Path | None = None) -> Definitions:
             fix = f"'{manifest.name}' is also the name of {names[manifest.name]}; give each manifest its own name"
             raise ManifestError(str(path), [Problem("name", fix)])
         names[manifest.name] = path
-        manifests.append(manifest)
-        assets.append(build_manifest_asset(manifest, path))
+        loaded.append((path, manifest))
+    # A manifest that reads a topic another manifest writes depends on that manifest's asset.
+    producers = {m.sink.topic: AssetKey([m.name]) for _, m in loaded if m.sink.topic}
+    assets: list = []
+    sensors: list = []
+    sources: dict = {}
+    for path, manifest in loaded:
+        upstream = producers.get(manifest.source.topic) if isinstance(manifest.source, KafkaSource) else None
+        assets.append(build_manifest_asset(manifest, path, upstream if upstream != AssetKey([manifest.name]) else None))
         source_sensor = build_source_sensor(manifest)
         if source_sensor is not None:
             sensors.append(source_sensor)
-        spec = source_asset_spec(manifest)
+        spec = source_asset_spec(manifest)  # the topic itself: sensors record lag observations on it
         sources.setdefault(spec.key, spec)
     return Definitions(
         assets=[*sources.values(), *assets],
         sensors=sensors,
         resources={
-            "pyspark": spark_resource(jdbc_jars(manifests)),
+            "pyspark": spark_resource(jdbc_jars([m for _, m in loaded])),
             "kafka": KafkaResource(),
             "schema_registry": SchemaRegistryResource(),
         },
         # One Spark session per run: steps run in the run's process.
         executor=in_process_executor,
     )
-
 
 defs = build_definitions()

@@ -294,3 +294,11 @@ def test_dagster_cli_materializes_a_manifest_asset(broker, tmp_path):
         metadata = event.asset_materialization.metadata
         assert metadata["rows_extracted"].value == 10
         assert metadata[COMMITTED_OFFSETS].value == {"0": 6, "1": 4}
+
+
+def test_a_manifest_reading_another_manifests_sink_depends_on_its_asset(tmp_path):
+    write_manifest(tmp_path / "a.yaml", manifest_yaml("raw_to_clean", "raw", "clean", tmp_path))
+    write_manifest(tmp_path / "b.yaml", manifest_yaml("clean_to_mart", "clean", "mart", tmp_path))
+    graph = build_definitions(tmp_path).resolve_asset_graph()
+    assert graph.get(AssetKey(["clean_to_mart"])).parent_keys == {AssetKey(["raw_to_clean"])}
+    assert graph.get(AssetKey(["raw_to_clean"])).parent_keys == {AssetKey(["kafka", "raw"])}

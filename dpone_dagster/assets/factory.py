@@ -54,8 +54,9 @@ def source_asset_spec(manifest: Manifest) -> AssetSpec:
     return AssetSpec(key=source_asset_key(manifest), description=description, kinds={kind}, group_name="sources")
 
 
-def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None):
-    """The asset that runs `manifest`. Its metadata names the sink topic it writes."""
+def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None, upstream: AssetKey | None = None):
+    """The asset that runs `manifest`. Its metadata names the sink topic it writes. `upstream`
+    replaces the source asset when another manifest produces the source topic."""
     sink = manifest.sink
     description = manifest.description or (
         f"{manifest.source.type} → Kafka topic {sink.topic} ({sink.strategy.mode}, {sink.options.message_format})"
@@ -67,7 +68,7 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None):
 
     @asset(
         key=asset_key,
-        deps=[source_asset_key(manifest)],
+        deps=[upstream or source_asset_key(manifest)],
         description=description,
         group_name=manifest.dagster.group_name,
         kinds={"kafka", "spark"},

@@ -106,6 +106,19 @@ def _write_artifacts(manifest: Manifest, result: RunResult, log: Log) -> None:
         log(f"artifacts: could not be written: {exc}")
 
 
+def resolve_connections(manifest: Manifest) -> None:
+    """Resolve every connection the manifest names (credentials present and well-formed)."""
+    from dpone_dagster.connections import resolve_jdbc
+
+    resolve_kafka(manifest.sink)
+    if isinstance(manifest.source, KafkaSource):
+        resolve_kafka(manifest.source)
+    else:
+        resolve_jdbc(manifest.source)
+    if manifest.state.type == "postgres":
+        resolve_postgres(manifest.state)
+
+
 def _refuse_unsupported(manifest: Manifest) -> None:
     """Settings the model accepts but this engine cannot execute yet: refuse before any IO."""
     if manifest.sink.options.delivery.mode == "exactly_once":

@@ -211,6 +211,11 @@ def run_replication(
 
     sources, partitions = _source_layout(source, source_config, manifest.name)
     same_cluster = source_config.get("bootstrap.servers") == target_config.get("bootstrap.servers")
+    if same_cluster and control.name in sources:
+        raise ConfigError(
+            f"the control topic '{control.name}' is selected as a source topic; exclude it from "
+            "source.topics/topic_pattern (or give the control topic a '__' name, which patterns never select)"
+        )
     targets = resolve_targets(sources, options, manifest.sink.topic, same_cluster)
     result.targets = targets
     log(f"replication: {len(sources)} topic(s): " + ", ".join(f"{s} -> {t}" for s, t in targets.items()))
