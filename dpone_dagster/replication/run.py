@@ -14,12 +14,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
+from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
 from dpone_dagster.connections import redact_known_secrets
 from dpone_dagster.errors import ConfigError, RunFailed
-from dpone_dagster.kafka.admin import ensure_sink_topic
-from dpone_dagster.kafka.config import producer_config
+from dpone_dagster.kafka.admin import ensure_sink_topic, existing_topics
+from dpone_dagster.kafka.config import driver_client_config, producer_config
 from dpone_dagster.kafka.inspect import make_consumer, topic_partitions, verified_watermarks
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.replication.control_topic import (
@@ -185,6 +186,104 @@ def _parse_crash_hook(hook: tuple | None) -> tuple[str, int, str, str] | None:
     return str(topic), int(partition), point, mode
 
 
+@dataclass
+class ReplicationPlan:
+    """Topics, targets and the fixed per-partition ranges of one run (what `dpone plan` shows)."""
+
+    pipeline: str
+    commit_group: str
+    control_topic: str
+    targets: dict[str, str]
+    planned: list[PartitionPlan]
+    notes: list[str]
+    control_partitions: int | None  # None: the control topic does not exist yet
+    target_partitions: dict[str, int]  # existing (or created) target topics only
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pipeline": self.pipeline,
+            "commit_group": self.commit_group,
+            "control_topic": self.control_topic,
+            "targets": dict(self.targets),
+            "partitions": [p.as_dict() for p in self.planned],
+            "offsets_in_range": sum(p.size for p in self.planned),
+            "notes": list(self.notes),
+        }
+
+
+def plan_replication(
+    manifest: Manifest,
+    source_config: dict[str, Any],
+    target_config: dict[str, Any],
+    log: Log = lambda message: None,
+    create: bool = False,
+) -> ReplicationPlan:
+    """Resolve topics and fix every partition's [start, end). With `create`, the control topic and
+    the target topics are ensured first (the run); without, nothing is written (a dry plan)."""
+    source = _check_manifest(manifest)
+    options = manifest.sink.options.replication
+    control = options.control_topic
+    commit_group = commit_group_of(manifest)
+    notes: list[str] = []
+    if source.options.offset_storage == "kafka":
+        notes.append("source.options.offset_storage kafka is not used: replication offsets live in the control topic")
+
+    sources, partitions = _source_layout(source, source_config, manifest.name)
+    same_cluster = source_config.get("bootstrap.servers") == target_config.get("bootstrap.servers")
+    if same_cluster and control.name in sources:
+        raise ConfigError(
+            f"the control topic '{control.name}' is selected as a source topic; exclude it from "
+            "source.topics/topic_pattern (or give the control topic a '__' name, which patterns never select)"
+        )
+    targets = resolve_targets(sources, options, manifest.sink.topic, same_cluster)
+    log(f"replication: {len(sources)} topic(s): " + ", ".join(f"{s} -> {t}" for s, t in targets.items()))
+
+    if create:
+        control_partitions: int | None = ensure_control_topic(target_config, control, log)
+        target_partitions = _ensure_targets(manifest, target_config, targets, partitions)
+    else:
+        control_partitions, target_partitions = _existing_target_layout(target_config, control.name, targets, notes)
+    snapshot = snapshot_control_topic(
+        target_config, control.name, commit_group, sources, DRIVER_CONTROL_WAIT_S, missing_ok=not create
+    )
+    if not snapshot.complete:
+        notes.append(
+            f"control topic '{control.name}' has an open transaction (a running or crashed task); planned starts "
+            "are provisional: each task re-reads its offset after fencing older attempts"
+        )
+    committed = snapshot.offsets
+    watermarks = _source_watermarks(source_config, partitions, manifest.name)  # the fixed ends
+
+    planned: list[PartitionPlan] = []
+    for topic in sources:
+        plans, topic_notes = plan_partitions(
+            topic,
+            targets[topic],
+            watermarks[topic],
+            {p: o for (t, p), o in committed.items() if t == topic},
+            source.options.start_from,
+            commit_group,
+            provisional=not snapshot.complete,
+        )
+        planned.extend(plans)
+        notes.extend(topic_notes)
+    log(f"plan: {sum(p.size for p in planned)} offset(s) in {len(planned)} partition(s)")
+    return ReplicationPlan(
+        manifest.name, commit_group, control.name, targets, planned, notes, control_partitions, target_partitions
+    )
+
+
+def _existing_target_layout(
+    target_config: dict[str, Any], control_topic: str, targets: dict[str, str], notes: list[str]
+) -> tuple[int | None, dict[str, int]]:
+    existing = existing_topics(AdminClient(driver_client_config(target_config)))
+    if control_topic not in existing:
+        notes.append(f"control topic '{control_topic}' does not exist yet (created by the run when control_topic.create)")
+    for target in sorted(set(targets.values()) - set(existing)):
+        notes.append(f"target topic '{target}' does not exist yet (the run needs sink.options.create_topic.enabled)")
+    return existing.get(control_topic), {t: n for t, n in existing.items() if t in set(targets.values())}
+
+
 def run_replication(
     manifest: Manifest,
     spark: SparkSession,
@@ -201,50 +300,12 @@ def run_replication(
     `fail_after_produce_for_tests`: (topic, partition[, "after_data" | "before_commit"[, "exit" | "raise"]])
     makes that partition's task die after producing and before commit_transaction.
     """
-    source = _check_manifest(manifest)
+    plan = plan_replication(manifest, source_config, target_config, log, create=True)
     options = manifest.sink.options.replication
-    control = options.control_topic
-    commit_group = commit_group_of(manifest)
-    result = ReplicationResult(run_id, manifest.name, commit_group, control.name)
-    if source.options.offset_storage == "kafka":
-        result.notes.append("source.options.offset_storage kafka is not used: replication offsets live in the control topic")
-
-    sources, partitions = _source_layout(source, source_config, manifest.name)
-    same_cluster = source_config.get("bootstrap.servers") == target_config.get("bootstrap.servers")
-    if same_cluster and control.name in sources:
-        raise ConfigError(
-            f"the control topic '{control.name}' is selected as a source topic; exclude it from "
-            "source.topics/topic_pattern (or give the control topic a '__' name, which patterns never select)"
-        )
-    targets = resolve_targets(sources, options, manifest.sink.topic, same_cluster)
-    result.targets = targets
-    log(f"replication: {len(sources)} topic(s): " + ", ".join(f"{s} -> {t}" for s, t in targets.items()))
-
-    control_partitions = ensure_control_topic(target_config, control, log)
-    target_partitions = _ensure_targets(manifest, target_config, targets, partitions)
-    snapshot = snapshot_control_topic(target_config, control.name, commit_group, sources, DRIVER_CONTROL_WAIT_S)
-    if not snapshot.complete:
-        result.notes.append(
-            f"control topic '{control.name}' has an open transaction (a running or crashed task); planned starts "
-            "are provisional: each task re-reads its offset after fencing older attempts"
-        )
-    committed = snapshot.offsets
-    watermarks = _source_watermarks(source_config, partitions, manifest.name)  # the fixed ends
-
-    for topic in sources:
-        plans, notes = plan_partitions(
-            topic,
-            targets[topic],
-            watermarks[topic],
-            {p: o for (t, p), o in committed.items() if t == topic},
-            source.options.start_from,
-            commit_group,
-            provisional=not snapshot.complete,
-        )
-        result.planned.extend(plans)
-        result.notes.extend(notes)
-    planned_total = sum(p.size for p in result.planned)
-    log(f"plan: {planned_total} offset(s) in {len(result.planned)} partition(s)")
+    result = ReplicationResult(
+        run_id, manifest.name, plan.commit_group, plan.control_topic, plan.targets, list(plan.planned), list(plan.notes)
+    )
+    control_partitions = plan.control_partitions or 1  # always set: create=True ensured the topic
 
     schema_maps: dict[str, dict[int, int]] = {}
     if options.schema_mapping:
@@ -255,9 +316,9 @@ def run_replication(
     todo = [p for p in result.planned if p.size > 0 or p.committed is None]
     crash = _parse_crash_hook(fail_after_produce_for_tests)
     specs = [
-        _spec(manifest, run_id, plan, source_config, target_config, commit_group, control_partitions,
-              target_partitions[plan.target_topic], schema_maps.get(plan.topic), crash)
-        for plan in todo
+        _spec(manifest, run_id, p, source_config, target_config, plan.commit_group, control_partitions,
+              plan.target_partitions[p.target_topic], schema_maps.get(p.topic), crash)
+        for p in todo
     ]
     if specs:
         result.partitions = _run_tasks(spark, specs)
