@@ -203,7 +203,27 @@ def _offsets_view(manifest_path: str) -> tuple[Any, Any, Any]:
     return manifest, store, OffsetStorage(manifest, store, client_config, default_group_id(manifest))
 
 
+def _control_topic_state(manifest: Any) -> dict[str, Any]:
+    from dpone_dagster.engine.run import open_manifest_state_store
+
+    store = open_manifest_state_store(manifest)
+    try:
+        entries = store.load_all()
+    finally:
+        store.close()
+    return {
+        "pipeline": manifest.name,
+        "state": "kafka_control_topic",
+        "control_topic": manifest.sink.options.replication.control_topic.name,
+        "offsets": {f"{topic}:{partition}": entry.offset for (topic, partition), entry in sorted(entries.items())},
+    }
+
+
 def cmd_state_show(args: argparse.Namespace) -> int:
+    if (manifest := load_manifest(args.manifest)).state.type == "kafka_control_topic":
+        data = _control_topic_state(manifest)
+        print(json.dumps(data, indent=2) if args.format == "json" else "\n".join(f"{k}: next offset {v}" for k, v in data["offsets"].items()))
+        return EXIT_OK
     manifest, store, offsets = _offsets_view(args.manifest)
     try:
         data = {
@@ -231,6 +251,11 @@ def cmd_state_reset(args: argparse.Namespace) -> int:
     exact = _parse_offsets(args.offset)
     if not args.yes:
         raise ConfigError("state reset rewinds stored offsets and re-reads data; confirm with --yes")
+    if load_manifest(args.manifest).state.type == "kafka_control_topic":
+        raise ConfigError(
+            "offsets of exactly_once replication live in the control topic; rewind by producing a tombstone for "
+            "the partition's control key, or start afresh with a new replication.control_topic.commit_group"
+        )
     manifest, store, offsets = _offsets_view(args.manifest)
     try:
         if offsets.mode == "kafka":

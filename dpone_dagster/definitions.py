@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dagster import AssetKey, Definitions, in_process_executor
 
-from dpone_dagster.assets.factory import build_manifest_asset, source_asset_spec
+from dpone_dagster.assets.factory import build_manifest_asset, source_asset_specs
 from dpone_dagster.manifest import ManifestError, discover_manifests, load_manifest
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.manifest.rules import Problem
@@ -44,8 +44,8 @@ def build_definitions(directory: str | Path | None = None) -> Definitions:
         source_sensor = build_source_sensor(manifest)
         if source_sensor is not None:
             sensors.append(source_sensor)
-        spec = source_asset_spec(manifest)  # the topic itself: sensors record lag observations on it
-        sources.setdefault(spec.key, spec)
+        for spec in source_asset_specs(manifest):  # the topics themselves: sensors record lag on them
+            sources.setdefault(spec.key, spec)
     return Definitions(
         assets=[*sources.values(), *assets],
         sensors=sensors,

@@ -41,6 +41,8 @@ MAX_WINDOWS_PER_TICK = 24
 def build_source_sensor(manifest: Manifest) -> SensorDefinition | None:
     if not isinstance(manifest.source, KafkaSource) or not manifest.dagster.sensor.enabled:
         return None
+    if not manifest.source.topic:
+        return None  # several topics / a pattern: schedule the replication instead
     options = manifest.dagster.sensor
     asset_key = AssetKey([manifest.name])
     windowed = partition_settings(manifest) is not None

@@ -225,9 +225,9 @@ def tick(manifest, cursor=None):
 def build_definitions_for(manifest, sensor_def):
     from dagster import Definitions
 
-    from dpone_dagster.assets.factory import source_asset_spec
+    from dpone_dagster.assets.factory import source_asset_specs
 
-    return Definitions(assets=[source_asset_spec(manifest), build_manifest_asset(manifest)], sensors=[sensor_def], resources=resources())
+    return Definitions(assets=[*source_asset_specs(manifest), build_manifest_asset(manifest)], sensors=[sensor_def], resources=resources())
 
 
 def test_offsets_sensor_requests_a_run_once_enough_messages_wait(broker, spark, kafka_env, tmp_path):

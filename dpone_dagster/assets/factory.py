@@ -36,22 +36,31 @@ COMMITTED_OFFSETS = "dpone/committed_offsets"
 SOURCE_TOPIC = "dpone/source_topic"
 
 
-def source_asset_key(manifest: Manifest) -> AssetKey:
+def source_asset_keys(manifest: Manifest) -> list[AssetKey]:
+    """The upstream topic(s) or table: kafka/<topic> per topic (a pattern is one asset), or
+    <type>/<schema>/<table>."""
     source = manifest.source
-    if isinstance(source, KafkaSource):
-        return AssetKey(["kafka", source.topic])
-    return AssetKey([source.type, source.table.schema_, source.table.name])
+    if not isinstance(source, KafkaSource):
+        return [AssetKey([source.type, source.table.schema_, source.table.name])]
+    if source.topics:
+        return [AssetKey(["kafka", topic]) for topic in source.topics]
+    if source.topic_pattern:
+        return [AssetKey(["kafka", "pattern", "".join(c if c.isalnum() or c in "_-" else "_" for c in source.topic_pattern)])]
+    return [AssetKey(["kafka", source.topic])]
 
 
-def source_asset_spec(manifest: Manifest) -> AssetSpec:
+def source_asset_key(manifest: Manifest) -> AssetKey:
+    return source_asset_keys(manifest)[0]
+
+
+def source_asset_specs(manifest: Manifest) -> list[AssetSpec]:
     source = manifest.source
     kind = "kafka" if isinstance(source, KafkaSource) else source.type
-    description = (
-        f"Kafka topic {source.topic} (read by dpone manifests)"
-        if isinstance(source, KafkaSource)
-        else f"{source.type} table {source.table.qualified}"
-    )
-    return AssetSpec(key=source_asset_key(manifest), description=description, kinds={kind}, group_name="sources")
+    specs = []
+    for key in source_asset_keys(manifest):
+        what = f"Kafka topic(s) {'/'.join(key.path[1:])}" if kind == "kafka" else f"{source.type} table {source.table.qualified}"
+        specs.append(AssetSpec(key=key, description=f"{what} (read by dpone manifests)", kinds={kind}, group_name="sources"))
+    return specs
 
 
 def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None, upstream: AssetKey | None = None):
@@ -68,7 +77,7 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None, 
 
     @asset(
         key=asset_key,
-        deps=[upstream or source_asset_key(manifest)],
+        deps=[upstream] if upstream else source_asset_keys(manifest),
         description=description,
         group_name=manifest.dagster.group_name,
         kinds={"kafka", "spark"},

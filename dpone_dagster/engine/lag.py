@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dpone_dagster.connections import resolve_kafka
 from dpone_dagster.engine.offsets import OffsetStorage
 from dpone_dagster.kafka import inspect
 from dpone_dagster.manifest.models import KafkaSource, Manifest
@@ -46,11 +47,24 @@ def source_lag(manifest: Manifest, client_config: dict[str, Any]) -> SourceLag:
         watermarks = inspect.verified_watermarks(consumer, source.topic, partitions)
     finally:
         consumer.close()
-    store = open_manifest_state_store(manifest)
-    try:
-        stored = OffsetStorage(manifest, store, client_config, group_id).load()
-    finally:
-        store.close()
+    if manifest.sink.options.delivery.mode == "exactly_once":
+        # Replication offsets live only in the control topic on the target cluster.
+        from dpone_dagster.replication.control_topic import ControlTopicStore, commit_group_of
+
+        replication = manifest.sink.options.replication
+        control = ControlTopicStore(
+            resolve_kafka(manifest.sink).client_config(),
+            replication.control_topic,
+            commit_group_of(manifest),
+            replication.transaction_timeout_ms,
+        )
+        stored = control.load_offsets(source.topic)
+    else:
+        store = open_manifest_state_store(manifest)
+        try:
+            stored = OffsetStorage(manifest, store, client_config, group_id).load()
+        finally:
+            store.close()
     return SourceLag(
         source.topic,
         {p: w.low for p, w in watermarks.items()},

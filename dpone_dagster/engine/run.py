@@ -121,8 +121,7 @@ def resolve_connections(manifest: Manifest) -> None:
 
 def _refuse_unsupported(manifest: Manifest) -> None:
     """Settings the model accepts but this engine cannot execute yet: refuse before any IO."""
-    if manifest.sink.options.delivery.mode == "exactly_once":
-        raise ConfigError("sink.options.delivery.mode: exactly_once is not available yet; use idempotent")
+    return None
 
 
 def _record(record: RunRecord, result: RunResult, status: str) -> RunRecord:
@@ -152,6 +151,16 @@ def _stage(result: RunResult, name: str, log: Log) -> Iterator[None]:
 
 def open_manifest_state_store(manifest: Manifest) -> StateStore:
     state = manifest.state
+    if state.type == "kafka_control_topic":
+        from dpone_dagster.replication.control_topic import ControlTopicStore, commit_group_of
+
+        replication = manifest.sink.options.replication
+        return ControlTopicStore(
+            resolve_kafka(manifest.sink).client_config(),
+            replication.control_topic,
+            commit_group_of(manifest),
+            replication.transaction_timeout_ms,
+        )
     connect_kwargs = resolve_postgres(state).connect_kwargs() if state.type == "postgres" else None
     return open_state_store(state, manifest.name, connect_kwargs)
 
@@ -216,6 +225,9 @@ def _run(
     log = request.log
     kafka_config = request.kafka_config or (lambda ref: resolve_kafka(ref).client_config())
     sink_config = kafka_config(manifest.sink)
+    if manifest.sink.options.delivery.mode == "exactly_once":
+        _run_replication(manifest, spark, request, store, record, result, kafka_config)
+        return
 
     with _stage(result, "plan", log):
         if isinstance(manifest.source, KafkaSource):
@@ -269,6 +281,79 @@ def _run(
         result.finished_at = utcnow().isoformat()
         result.committed_offsets = planned.commit(_record(record, result, "success"))
         log(f"commit: {result.committed_offsets or 'state advanced' if planned.incremental else 'offsets unchanged'}")
+
+
+def _run_replication(
+    manifest: Manifest,
+    spark: SparkSession,
+    request: RunRequest,
+    store: StateStore,
+    record: RunRecord,
+    result: RunResult,
+    kafka_config: Callable,
+) -> None:
+    """Exactly-once Kafka -> Kafka: each Spark task copies one source partition range and writes the
+    new source offset to the control topic in the same transaction. Offsets live only there."""
+    from dpone_dagster.replication.run import plan_replication, run_replication
+
+    log = request.log
+    source_config, target_config = kafka_config(manifest.source), kafka_config(manifest.sink)
+    mapping = manifest.sink.options.replication.schema_mapping
+    registries = (_registry_config(manifest.source), _registry_config(manifest.sink)) if mapping else (None, None)
+    if manifest.quality.checks:
+        with _stage(result, "quality_pre", log):
+            # Gates read the planned ranges before any transaction begins.
+            plan = plan_replication(manifest, source_config, target_config, log)
+            _replication_gates(manifest, spark, plan, source_config, result, log)
+    with _stage(result, "replicate", log):
+        replicated = run_replication(manifest, spark, source_config, target_config, result.run_id, log, None, *registries)
+    result.rows_extracted = result.messages_produced = replicated.records
+    result.bytes_produced = replicated.bytes
+    result.notes.extend(replicated.notes)
+    result.executors = sorted({p.executor for p in replicated.partitions if p.executor})
+    result.boundary = {
+        "method": "replication",
+        "control_topic": replicated.control_topic,
+        "commit_group": replicated.commit_group,
+        "targets": replicated.targets,
+        "partitions": replicated.committed_ranges,
+    }
+    offsets = replicated.committed_offsets
+    if len(offsets) == 1:
+        result.committed_offsets = dict(next(iter(offsets.values())))
+    with _stage(result, "commit", log):
+        # The offsets were committed with the records; only the run row is written here.
+        result.status = "success"
+        result.finished_at = utcnow().isoformat()
+        store.finish_run_success(_record(record, result, "success"), None, None, None)
+
+
+def _replication_gates(manifest: Manifest, spark: SparkSession, plan: Any, source_config: dict, result: RunResult, log: Log) -> None:
+    """Decode the planned ranges (per source topic) and run the pre-publish gates on them."""
+    from dpone_dagster.kafka.boundary import Boundary, PartitionRange
+
+    frames = []
+    registry = _registry_config(manifest.source) if manifest.source.options.message_format != "json" else None
+    for topic in sorted({p.topic for p in plan.planned}):
+        ranges = tuple(PartitionRange(p.partition, p.start, p.end) for p in plan.planned if p.topic == topic)
+        single = manifest.model_copy(update={"source": replace_topic(manifest.source, topic)})
+        extracted = KafkaBatchSource(single, source_config, registry).extract(spark, Boundary(topic, "offsets", ranges), log)
+        frames.append(extracted.df)
+    if not frames:
+        return
+    staged = frames[0]
+    for frame in frames[1:]:
+        staged = staged.unionByName(frame, allowMissingColumns=True)
+    staged = staged.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        result.rows_extracted = staged.count()
+        _pre_publish_gates(manifest, staged, True, result)
+    finally:
+        staged.unpersist()
+
+
+def replace_topic(source: KafkaSource, topic: str) -> KafkaSource:
+    return source.model_copy(update={"topic": topic, "topics": None, "topic_pattern": None})
 
 
 def _shape_and_load(

@@ -250,7 +250,7 @@ def _topic_rules(m: Manifest) -> list[Problem]:
                 )
             )
     mapping = m.sink.options.replication.topic_mapping
-    if not m.sink.topic and not (replication and mapping != "same"):
+    if not m.sink.topic and not replication:
         out.append(Problem("sink.topic", "required field is missing; add `topic: ...`"))
     if mapping == "regex" and (m.sink.options.replication.pattern is None or m.sink.options.replication.replacement is None):
         out.append(Problem("sink.options.replication", "topic_mapping: regex needs pattern and replacement"))
