@@ -171,7 +171,8 @@ class _PlannedRead:
 
     source: Any  # KafkaBatchSource | SqlBatchSource
     boundary: Any  # Boundary | SqlBoundary
-    name: str  # what is read, for messages
+    name: str  # what is read, for progress messages
+    label: str  # the source, for error messages
     incremental: bool  # an empty batch means "no new data" (not a short batch)
     commit: Callable[[RunRecord], dict[int, int]]
 
@@ -195,7 +196,7 @@ def _plan_kafka(
 
     incremental = boundary.method in ("offsets", "max_records") and manifest.sink.strategy.mode not in ("full_refresh", "replace")
     summary = f"{boundary.total} offsets in {len(boundary.ranges)} partition(s) of '{boundary.topic}'"
-    return _PlannedRead(source, boundary, summary, incremental, commit)
+    return _PlannedRead(source, boundary, summary, f"'{boundary.topic}'", incremental, commit)
 
 
 def _plan_sql(manifest: Manifest, spark: SparkSession, store: StateStore) -> _PlannedRead:
@@ -211,7 +212,7 @@ def _plan_sql(manifest: Manifest, spark: SparkSession, store: StateStore) -> _Pl
         return {}
 
     summary = f"{boundary.method} read of {boundary.table} ({boundary.total if boundary.total is not None else '?'} rows)"
-    return _PlannedRead(source, boundary, summary, boundary.method in ("incremental", "cdc"), commit)
+    return _PlannedRead(source, boundary, summary, boundary.table, boundary.method in ("incremental", "cdc"), commit)
 
 
 def _run(
@@ -260,7 +261,7 @@ def _run(
                     F.col(C.SOURCE_OFFSET).alias("offset"),
                     _corrupt_reason().alias("reason"),
                 )
-                what = f"record(s) of {planned.name} could not be decoded"
+                what = f"record(s) of {planned.label} could not be decoded"
                 handle_bad_records(manifest, bad, corrupt, extracted.raw, sink_config, result, what)
                 staged = staged.where(F.col(C.CORRUPT).isNull())
 
