@@ -14,21 +14,45 @@ Python with pyarrow, confluent-kafka, fastavro and this package. Two ways to get
 - `zip_package`: a zip of the package for `spark.submit.pyFiles` / `--py-files`, when the
   executors already have the third-party libraries.
 
+`executor_id` tells, inside a Python worker, which executor runs the task.
+
 See docs/spark-cluster.md.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import socket
 import sys
 import tarfile
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 ENV_ALIAS = "environment"
 DEFAULT_EXCLUDE = ("pyspark", "py4j")
 _SKIP_DIRS = {"__pycache__"}
+_LOG_URL_EXECUTOR = re.compile(r"[?&]executorId=([^&]+)")
+
+
+def executor_id(environ: Mapping[str, str] | None = None) -> str:
+    """`<host>:<executor id>` of the executor running the calling Python worker; `<host>:driver`
+    in local mode. Python workers inherit the executor JVM's environment, which names the
+    executor differently per cluster manager (Spark has no TaskContext attribute for it):
+
+    - Kubernetes executor pods export SPARK_EXECUTOR_ID;
+    - standalone workers (and local-cluster) export SPARK_LOG_URL_STDERR ending in
+      `executorId=<id>&logType=stderr`;
+    - YARN runs each executor in its own container: CONTAINER_ID (not Spark's number, but
+      one per executor).
+    """
+    env = os.environ if environ is None else environ
+    executor = env.get("SPARK_EXECUTOR_ID")
+    if not executor:
+        match = _LOG_URL_EXECUTOR.search(env.get("SPARK_LOG_URL_STDERR", ""))
+        executor = match.group(1) if match else env.get("CONTAINER_ID")
+    return f"{socket.gethostname()}:{executor or 'driver'}"
 
 
 def package_dir() -> Path:

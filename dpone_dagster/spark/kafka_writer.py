@@ -88,11 +88,10 @@ class _TaskReport:
 
 
 def _executor_id() -> str:
-    """Which executor ran the task (Spark exports SPARK_EXECUTOR_ID to Python workers on clusters)."""
-    import os
-    import socket
+    """Which executor ran the task (from the environment each cluster manager gives executors)."""
+    from dpone_dagster.spark.cluster import executor_id
 
-    return f"{socket.gethostname()}:{os.environ.get('SPARK_EXECUTOR_ID', 'driver')}"
+    return executor_id()
 
 
 def _produce_task(settings: ProducerSettings, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -19,7 +19,9 @@ def default_spark_conf() -> dict[str, Any]:
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": "8",
-        # A failed producing task must fail the run rather than re-send silently.
+        # A failed task fails the run instead of being retried. (A lost worker is not counted as
+        # a task failure: Spark re-runs its tasks elsewhere, which may duplicate some messages —
+        # at-least-once; state still advances only after every delivery succeeded.)
         "spark.task.maxFailures": "1",
         # Wall-clock database timestamps are read in UTC on every JVM.
         "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN -Duser.timezone=UTC",
