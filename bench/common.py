@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 MB = 1024 * 1024
@@ -124,6 +124,14 @@ def tree_cpu_seconds(root: int, exclude: set[int] | frozenset[int] = frozenset()
     return cpu_seconds(root) + sum(cpu_seconds(pid) for pid in descendants(root, exclude))
 
 
+def tree_cpu_by_kind(root: int, exclude: set[int] | frozenset[int] = frozenset()) -> dict[str, float]:
+    """CPU seconds (with reaped children) per kind of process: driver, jvm, python_worker, other."""
+    out = {"driver": cpu_seconds(root), "jvm": 0.0, "python_worker": 0.0, "other": 0.0}
+    for pid in descendants(root, exclude):
+        out[_kind(pid)] += cpu_seconds(pid)
+    return out
+
+
 def loadavg() -> float:
     try:
         with open("/proc/loadavg") as fh:
@@ -159,6 +167,7 @@ class Peaks:
     # (the broker), wall seconds, and the 1-minute load average at the end (other work on the
     # machine inflates wall time, not CPU time).
     cpu_s: float = 0.0
+    cpu_by_kind: dict[str, float] = field(default_factory=dict)
     other_cpu_s: float = 0.0
     wall_s: float = 0.0
     load_end: float = 0.0
@@ -177,6 +186,7 @@ class Peaks:
     def cpu(self) -> dict[str, float]:
         return {
             "tree_cpu_s": round(self.cpu_s, 2),
+            **{f"{k}_cpu_s": round(v, 2) for k, v in self.cpu_by_kind.items()},
             "broker_cpu_s": round(self.other_cpu_s, 2),
             "wall_s": round(self.wall_s, 2),
             "load_end": self.load_end,
@@ -193,6 +203,7 @@ class TreeSampler:
         self.pss = pss
         self.phases: dict[str, Peaks] = {}
         self._current: Peaks | None = None
+        self._cpu_seen: dict[int, tuple[str, float]] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -204,9 +215,14 @@ class TreeSampler:
         peaks = Peaks(samples=1)
         peaks.driver_rss = rss_bytes(self.root)
         tree_rss, tree_pss = peaks.driver_rss, pss_bytes(self.root) if self.pss else 0
-        for pid in descendants(self.root, self.exclude):
+        pids = descendants(self.root, self.exclude)
+        cpu_now = self._cpu_snapshot(pids)
+        with self._lock:
+            if self._cpu_seen is not None:
+                self._cpu_seen.update(cpu_now)
+        for pid in pids:
             rss = rss_bytes(pid)
-            kind = _kind(pid)
+            kind = cpu_now[pid][0] if pid in cpu_now else _kind(pid)
             if kind == "jvm":
                 peaks.jvm_rss += rss
             elif kind == "python_worker":
@@ -218,6 +234,17 @@ class TreeSampler:
         self.sample_cost_s += time.perf_counter() - started
         self.sample_count += 1
         return peaks
+
+    def _cpu_snapshot(self, pids: list[int] | None = None) -> dict[int, tuple[str, float]]:
+        """pid -> (kind, own CPU seconds) for the driver and its descendants (broker excluded).
+        Own time only (no cutime): a Python worker that exits between two samples keeps the CPU
+        it was last seen with, and its parent's reaped-children time is not counted twice."""
+        if pids is None:
+            pids = descendants(self.root, self.exclude)
+        snap = {self.root: ("driver", cpu_seconds(self.root, children=False))}
+        for pid in pids:
+            snap[pid] = (_kind(pid), cpu_seconds(pid, children=False))
+        return snap
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -242,7 +269,9 @@ class TreeSampler:
     @contextmanager
     def phase(self, name: str) -> Iterator[Peaks]:
         peaks = Peaks()
-        cpu0 = tree_cpu_seconds(self.root, self.exclude)
+        cpu0 = self._cpu_snapshot()
+        with self._lock:
+            self._cpu_seen = dict(cpu0)
         other0 = sum(cpu_seconds(pid) for pid in self.exclude)
         wall0 = time.perf_counter()
         with self._lock:
@@ -255,7 +284,14 @@ class TreeSampler:
             with self._lock:
                 self._current = None
             peaks.wall_s = time.perf_counter() - wall0
-            peaks.cpu_s = tree_cpu_seconds(self.root, self.exclude) - cpu0
+            with self._lock:
+                seen, self._cpu_seen = self._cpu_seen or {}, None
+            seen.update(self._cpu_snapshot())
+            by_kind = {"driver": 0.0, "jvm": 0.0, "python_worker": 0.0, "other": 0.0}
+            for pid, (kind, cpu) in seen.items():
+                by_kind[kind] += max(0.0, cpu - cpu0.get(pid, (kind, 0.0))[1])
+            peaks.cpu_by_kind = by_kind
+            peaks.cpu_s = sum(by_kind.values())
             peaks.other_cpu_s = sum(cpu_seconds(pid) for pid in self.exclude) - other0
             peaks.load_end = loadavg()
             self.phases[name] = peaks

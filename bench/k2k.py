@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -366,6 +368,7 @@ def run_bench(
     delivery: dict[str, Any] | None = None,
     consume_batch: int = 10_000,
     log: Any = None,
+    compare_variants: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Generate events, run the selected phases; returns the report (see `print_report`).
     A `spark` session passed in is used as is (and its start is not measured)."""
@@ -389,7 +392,7 @@ def run_bench(
     if "b" in only:
         say("(b) hand-written json.loads → re-key → json.dumps")
         phases["b"] = run_plain("b", bootstrap, src, partitions, True, sampler, consume_batch=consume_batch)
-    if "c" in only or also_append:
+    if "c" in only or also_append or compare_variants:
         if spark is None:
             say("starting Spark")
             with _phase(sampler, "spark_start") as peaks:
@@ -405,6 +408,17 @@ def run_bench(
     if "c" in only:
         say(f"(c) dpone run_pipeline {mode}/{policy}")
         phases["c"] = run_engine(spark, bootstrap, src, partitions, sampler, mode, policy, source_options, delivery, "c", log)
+    for name in compare_variants:
+        # The same run with candidate engine changes swapped in (bench/experiments.py, variant()).
+        from bench.experiments import variant
+
+        say(f"(c) dpone run_pipeline with variant {name}")
+        with variant(name, spark) as kw:
+            merged_source = {**(source_options or {}), **kw["source_options"]}
+            merged_delivery = {**(delivery or {}), **kw["delivery"]}
+            phases[f"c[{name}]"] = run_engine(
+                spark, bootstrap, src, partitions, sampler, mode, policy, merged_source or None, merged_delivery or None, "cv", log
+            )
     if also_append:
         say("(c2) dpone run_pipeline incremental_append")
         phases["c_append"] = run_engine(
@@ -435,7 +449,14 @@ def ratios(phases: dict[str, PhaseResult]) -> dict[str, float | None]:
             )
         return None
 
+    extra: dict[str, float | None] = {}
+    for key in phases:
+        if key.startswith("c["):
+            extra[f"{key}/a"] = r(key, "a")
+            extra[f"{key}/b"] = r(key, "b")
+            extra[f"cpu {key}/b"] = rc(key, "b")
     return {
+        **extra,
         "c/a": r("c", "a"),
         "c/b": r("c", "b"),
         "b/a": r("b", "a"),
@@ -452,6 +473,10 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
         out["c_at_least_b"] = ratios_["c/b"] >= 1.0
     if ratios_.get("c/a") is not None:
         out["c_at_least_half_a"] = ratios_["c/a"] >= 0.5
+    for key in report["phases"]:
+        if key.startswith("c["):
+            out[f"{key}_at_least_b"] = (ratios_.get(f"{key}/b") or 0) >= 1.0
+            out[f"{key}_at_least_half_a"] = (ratios_.get(f"{key}/a") or 0) >= 0.5
     c = report["phases"].get("c")
     if c is not None:
         out["c_delivered_all"] = c["delivered"] == report["messages"] - c.get("duplicates_removed", 0) and c["failed"] == 0
@@ -515,6 +540,7 @@ def print_report(report: dict[str, Any], out: Any = sys.stdout) -> None:
         f"{'tree MB':>9}{'tree PSS':>9}{'CPU s':>8}{'broker CPU':>11}{'msg/CPU s':>10}{'load':>6}\n"
     )
     labels = {"a": "(a) raw", "b": "(b) hand", "c": "(c) dpone", "c_append": "(c) append"}
+    labels.update({k: f"(c) v{i + 1}" for i, k in enumerate(k for k in report["phases"] if k.startswith("c["))})
     for key, phase in report["phases"].items():
         mem = phase.get("memory_mb") or {}
         cpu = phase.get("cpu") or {}
@@ -524,11 +550,24 @@ def print_report(report: dict[str, Any], out: Any = sys.stdout) -> None:
             f"{mem.get('tree_rss', '-'):>9}{mem.get('tree_pss', '-'):>9}{cpu.get('tree_cpu_s', '-'):>8}"
             f"{cpu.get('broker_cpu_s', '-'):>11}{str(phase.get('msgs_per_cpu_s')):>10}{cpu.get('load_end', '-'):>6}\n"
         )
-    for key in ("c", "c_append"):
-        if key in report["phases"]:
+    for key, phase in report["phases"].items():
+        cpu = phase.get("cpu") or {}
+        if "driver_cpu_s" in cpu:
+            w(
+                f"  {labels.get(key, key)} CPU s: driver {cpu['driver_cpu_s']}, JVM {cpu['jvm_cpu_s']}, "
+                f"Python workers {cpu['python_worker_cpu_s']}, broker {cpu['broker_cpu_s']}\n"
+            )
+    for key in report["phases"]:
+        if key.startswith("c"):
             w(f"  {labels[key]} stages (s): {report['phases'][key]['stage_seconds']}\n")
+    for key, label in labels.items():
+        if key.startswith("c["):
+            w(f"  {label} = variant {key[2:-1]}\n")
     r = report["ratios"]
     w(f"  ratios (wall): c/a={r['c/a']}  c/b={r['c/b']}  b/a={r['b/a']}   per CPU second: c/a={r['cpu c/a']}  c/b={r['cpu c/b']}\n")
+    for key in report["phases"]:
+        if key.startswith("c["):
+            w(f"  ratios {labels[key]}: /a={r[key + '/a']}  /b={r[key + '/b']}  per CPU second /b={r['cpu ' + key + '/b']}\n")
     if report.get("targets"):
         w(f"  targets: {report['targets']}\n")
     if "driver_hwm_mb" in report:
@@ -562,11 +601,63 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spark-conf", action="append", default=[], metavar="K=V")
     p.add_argument("--consume-batch", type=int, default=10_000, help="consume() batch of the plain loops")
     p.add_argument("--no-sampler", action="store_true", help="do not sample memory")
+    p.add_argument(
+        "--compare-variant",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also run (c) with candidate engine changes swapped in, e.g. headers_empty+keys_in_decode+fast_loops "
+        "(see python -m bench.experiments --help)",
+    )
     return p.parse_args(argv)
+
+
+@contextmanager
+def stdout_to_stderr(enabled: bool) -> Iterator[None]:
+    """With --json, stdout carries only the JSON object: the Spark JVM (a child process that
+    inherits file descriptor 1) and librdkafka log there, so fd 1 points at stderr meanwhile."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    with stdout_to_stderr(args.json):
+        report = _main(args)
+    if args.json:
+        print(dump_json(report))
+    elif args.memory_check:
+        print_memory_check(report)
+    else:
+        print_report(report)
+    if args.memory_check:
+        return 0 if report["target_driver_within_15pct"] else 1
+    return 0
+
+
+def print_memory_check(result: dict[str, Any]) -> None:
+    for run in result["runs"]:
+        print(
+            f"  (c) {run['messages']:>9} msgs: {run['msgs_per_s']} msg/s, driver peak RSS {run['driver_peak_rss_mb']} MB, "
+            f"JVM {run['jvm_peak_rss_mb']} MB, workers {run['workers_peak_rss_mb']} MB, tree PSS {run['tree_peak_pss_mb']} MB"
+        )
+    print(
+        f"  driver growth {result['driver_growth_pct']}% (target within 15%: {result['target_driver_within_15pct']}), "
+        f"tree PSS growth {result['tree_pss_growth_pct']}%"
+    )
+
+
+def _main(args: argparse.Namespace) -> dict[str, Any]:
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
     if args.memory_check:
         passthrough = []
@@ -576,16 +667,7 @@ def main(argv: list[str] | None = None) -> int:
         passthrough += ["--mode", args.mode, "--policy", args.policy]
         result = memory_check(args.messages, args.partitions, passthrough, log)
         result["machine"] = machine_info()
-        if args.json:
-            print(dump_json(result))
-        else:
-            for run in result["runs"]:
-                print(
-                    f"  (c) {run['messages']:>9} msgs: {run['msgs_per_s']} msg/s, driver peak RSS {run['driver_peak_rss_mb']} MB, "
-                    f"JVM {run['jvm_peak_rss_mb']} MB, workers {run['workers_peak_rss_mb']} MB, tree PSS {run['tree_peak_pss_mb']} MB"
-                )
-            print(f"  driver growth {result['driver_growth_pct']}% (target within 15%: {result['target_driver_within_15pct']}), tree PSS growth {result['tree_pss_growth_pct']}%")
-        return 0 if result["target_driver_within_15pct"] else 1
+        return result
 
     from dpone_dagster.embedded_broker import EmbeddedBroker
 
@@ -608,6 +690,7 @@ def main(argv: list[str] | None = None) -> int:
                 delivery=_kv(args.delivery) or None,
                 consume_batch=args.consume_batch,
                 log=log,
+                compare_variants=tuple(args.compare_variant),
             )
         finally:
             if sampler is not None:
@@ -615,11 +698,7 @@ def main(argv: list[str] | None = None) -> int:
         report["broker_peak_rss_mb"] = round(_broker_rss(broker._process.pid) / MB, 1)
     report["driver_hwm_mb"] = round(_hwm() / MB, 1)
     report["machine"] = machine_info()
-    if args.json:
-        print(dump_json(report))
-    else:
-        print_report(report)
-    return 0
+    return report
 
 
 def _hwm() -> int:

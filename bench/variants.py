@@ -151,7 +151,8 @@ def produce_task_fast(settings: Any, batches: Iterator[pa.RecordBatch]) -> Itera
         report.tombstones += value_col.null_count
         keys, values = key_col.to_pylist(), value_col.to_pylist()
         header_col, partition_col = batch.column("headers"), batch.column("partition")
-        plain_headers = header_col.null_count == len(batch)
+        # No headers: every entry null or an empty list.
+        plain_headers = (pc.max(pc.list_value_length(header_col)).as_py() or 0) == 0
         plain_partitions = partition_col.null_count == len(batch) or pc.max(partition_col).as_py() < 0
         if plain_headers and plain_partitions:
             for key, value in zip(keys, values, strict=True):
@@ -187,6 +188,29 @@ def produce_task_fast(settings: Any, batches: Iterator[pa.RecordBatch]) -> Itera
             f"{topic}: {remaining} message(s) not delivered within flush timeout {settings.flush_timeout_s}s"
         )
     yield report.rows(_executor_id())
+
+
+# --------------------------------------------------------------------------- JVM -> Python transfer
+
+
+EMPTY_HEADERS = "array<struct<key:string,value:binary>>"
+
+
+def produce_with_empty_headers(messages: Any, settings: Any) -> Any:
+    """kafka_writer.produce with null `headers` replaced by empty arrays before the JVM writes the
+    Arrow batches for the Python producer tasks.
+
+    Spark 4.3's BatchedPythonArrowInput checks the batch byte size after every row
+    (ArrowWriter.sizeInBytes -> ListVector.setValueCount), and for a list column whose values are
+    null, ListVector.setValueCount back-fills every null slot since the last non-null one: the
+    cost grows with the rows already in the batch, i.e. quadratic per Arrow batch. A non-null
+    (empty) list keeps it constant. The Python side treats [] like None (no headers)."""
+    from pyspark.sql import functions as F
+
+    from dpone_dagster.spark import kafka_writer
+
+    fixed = messages.withColumn("headers", F.coalesce(F.col("headers"), F.array().cast(EMPTY_HEADERS)))
+    return kafka_writer.produce(fixed, settings)
 
 
 # --------------------------------------------------------------------------- swapping in

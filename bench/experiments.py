@@ -1,0 +1,297 @@
+"""A/B measurements of candidate engine changes on one broker, one topic and one Spark session:
+each variant runs (c) — `run_pipeline`, incremental_merge keep_last — with a change swapped in
+(monkeypatched for the run), interleaved over `--rounds` so that load drifting on the machine hits
+every variant alike. CPU seconds of the process tree (by kind) are the robust figure; wall time
+is reported too.
+
+    python -m bench.experiments --messages 500000 --variants baseline,fast_loops,no_keys_pass --rounds 2
+
+Variants (combine with '+', e.g. fast_loops+agg_dedupe):
+  baseline        the engine as it is
+  fast_reader     bench.variants.read_one_range_fast in the Spark read tasks
+  fast_writer     bench.variants.produce_task_fast in the Spark produce tasks
+  fast_loops      both
+  no_keys_pass    skip decode.top_level_keys and the raw cache (lower bound of a merged drift check)
+  keys_in_decode  no separate pass and no raw cache; the unknown-key check runs inside the decode
+                  pass (json_object_keys per record), i.e. the cost of the recommended merged check
+  headers_empty   null sink headers sent to the producer tasks as empty arrays (Arrow transfer fix)
+  no_size_pass    skip run._enforce_size_limit's separate count over the encoded messages (upper
+                  bound of folding the message.max.bytes check into the produce or count pass)
+  nocompress      spark.sql.inMemoryColumnarStorage.compressed=false for the run
+  conf:K=V        any runtime SQL conf for the run
+  agg_dedupe      keep_last/keep_first with a hash aggregate (max_by/min_by) instead of a sorted window
+  rpt=N           records_per_task N
+  bs=N            source batch_size N (consume() size)
+  spN             spark.sql.shuffle.partitions N for the run
+  linger=N        producer linger.ms N;  bsize=N producer batch.size N
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from bench.common import TreeSampler, create_topic, generate_events, machine_info
+from bench.k2k import run_engine, start_spark, stdout_to_stderr
+
+
+@contextmanager
+def _swap(obj: Any, name: str, value: Any) -> Iterator[None]:
+    saved = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, saved)
+
+
+def _extract_variant(merge_check: bool) -> Any:
+    """KafkaBatchSource.extract without raw.cache() and without the top_level_keys pass. With
+    merge_check, a record carrying a top-level key outside the schema is found in the same decode
+    pass (json_object_keys per record) and, as a measurement stand-in, flagged through the corrupt
+    column; the recommended change counts the flag in the staged aggregate instead and widens the
+    schema when it is non-zero."""
+    from dpone_dagster.kafka.boundary import split_into_tasks
+    from dpone_dagster.sources.kafka import ExtractResult
+    from dpone_dagster.spark import decode
+    from dpone_dagster.spark.kafka_reader import read_ranges
+
+    def extract(self: Any, spark: Any, boundary: Any, log: Any) -> Any:
+        tasks = split_into_tasks(boundary, self.options.records_per_task)
+        sample = self.sample_values(boundary) if boundary.total else []
+        envelope = self.resolve_envelope(sample)
+        schema = self._schema(sample, envelope)
+        raw = read_ranges(spark, tasks, self._reader_settings())
+        if merge_check and envelope == "flat":
+            df = decode_flat_with_unknown_flag(raw, schema)
+        else:
+            df = decode.decode_json(raw, schema, envelope)
+        return ExtractResult(df, schema, envelope, [f"envelope: {envelope}"], raw)
+
+    return extract
+
+
+def decode_flat_with_unknown_flag(raw: Any, schema: Any) -> Any:
+    """decode.decode_json for a flat envelope, plus the unknown-key flag folded into corrupt."""
+    from pyspark.sql import functions as F
+
+    from dpone_dagster import columns as C
+    from dpone_dagster.spark import decode
+
+    text = F.col("value").cast("string")
+    payload_fields = [f for f in schema.fields if f.name != C.OP]
+    parsed = F.from_json(text, decode.with_corrupt_field(schema), decode._JSON_OPTIONS)
+    known = F.array(*[F.lit(f.name) for f in schema.fields])
+    unknown = F.size(F.array_except(F.json_object_keys(text), known)) > 0
+    corrupt = F.coalesce(parsed.getField(C.CORRUPT), F.when(text.startswith("{") & unknown, text))
+    op = F.when(text.isNull(), F.lit(C.DELETE)).otherwise(F.lit(C.UPSERT))
+    return raw.select(
+        *[parsed.getField(f.name).alias(f.name) for f in payload_fields],
+        op.alias(C.OP),
+        F.col("topic").alias(C.SOURCE_TOPIC),
+        F.col("partition").alias(C.SOURCE_PARTITION),
+        F.col("offset").alias(C.SOURCE_OFFSET),
+        F.timestamp_millis(F.col("timestamp")).alias(C.SOURCE_TIMESTAMP),
+        F.col("key").alias(C.SOURCE_KEY),
+        F.col("headers").alias(C.SOURCE_HEADERS),
+        corrupt.alias(C.CORRUPT),
+        decode.source_order().alias(C.ORDER),
+    )
+
+
+def agg_dedupe(keyed: Any, policy: str) -> Any:
+    """One row per key by source order with a hash aggregate instead of a window over a sort."""
+    from pyspark.sql import functions as F
+
+    from dpone_dagster import columns as C
+    from dpone_dagster.spark.shape import KEY
+
+    others = [c for c in keyed.columns if c != KEY]
+    pick = F.max_by if policy == "keep_last" else F.min_by
+    kept = (
+        keyed.where(F.col(KEY).isNotNull())
+        .groupBy(KEY)
+        .agg(pick(F.struct(*[F.col(f"`{c}`") for c in others]), F.col(C.ORDER)).alias("__row"))
+        .select(KEY, *[F.col("__row").getField(c).alias(c) for c in others])
+        .select(*keyed.columns)
+    )
+    return kept.unionByName(keyed.where(F.col(KEY).isNull()))
+
+
+@contextmanager
+def variant(name: str, spark: Any) -> Iterator[dict[str, Any]]:
+    """Apply a '+'-joined variant; yields the run_engine keyword overrides it needs."""
+    from bench import variants as V
+    from dpone_dagster.sources import kafka as source_kafka
+    from dpone_dagster.spark import shape
+
+    kwargs: dict[str, Any] = {"source_options": {}, "delivery": {}}
+    with ExitStack() as stack:
+        for part in name.split("+"):
+            if part in ("baseline", ""):
+                continue
+            if part == "fast_reader":
+                stack.enter_context(V.patched(reader=True))
+            elif part == "fast_writer":
+                stack.enter_context(V.patched(writer=True))
+            elif part == "fast_loops":
+                stack.enter_context(V.patched(reader=True, writer=True))
+            elif part == "no_keys_pass":
+                stack.enter_context(_swap(source_kafka.KafkaBatchSource, "extract", _extract_variant(False)))
+            elif part == "keys_in_decode":
+                stack.enter_context(_swap(source_kafka.KafkaBatchSource, "extract", _extract_variant(True)))
+            elif part == "headers_empty":
+                from dpone_dagster.engine import run as engine_run
+
+                stack.enter_context(_swap(engine_run, "produce", V.produce_with_empty_headers))
+            elif part == "no_size_pass":
+                from dpone_dagster.engine import run as engine_run
+
+                stack.enter_context(
+                    _swap(engine_run, "_enforce_size_limit", lambda _m, messages, expected, *_a: (messages, expected))
+                )
+            elif part == "nocompress":
+                saved_c = spark.conf.get("spark.sql.inMemoryColumnarStorage.compressed")
+                spark.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "false")
+                stack.callback(spark.conf.set, "spark.sql.inMemoryColumnarStorage.compressed", saved_c)
+            elif part.startswith("conf:"):
+                key, _, value = part[5:].partition("=")
+                saved_v = spark.conf.get(key, None)
+                spark.conf.set(key, value)
+                stack.callback(lambda k=key, v=saved_v: spark.conf.unset(k) if v is None else spark.conf.set(k, v))
+            elif part == "agg_dedupe":
+                stack.enter_context(_swap(shape, "dedupe", agg_dedupe))
+            elif part.startswith("rpt="):
+                kwargs["source_options"]["records_per_task"] = int(part[4:])
+            elif part.startswith("bs="):
+                kwargs["source_options"]["batch_size"] = int(part[3:])
+            elif part.startswith("sp"):
+                saved = spark.conf.get("spark.sql.shuffle.partitions")
+                spark.conf.set("spark.sql.shuffle.partitions", part[2:])
+                stack.callback(spark.conf.set, "spark.sql.shuffle.partitions", saved)
+            elif part.startswith("linger="):
+                kwargs["delivery"]["linger_ms"] = int(part[7:])
+            elif part.startswith("bsize="):
+                kwargs["delivery"].setdefault("producer_config", {})["batch.size"] = int(part[6:])
+            elif part.startswith("bnm="):
+                kwargs["delivery"]["batch_num_messages"] = int(part[4:])
+            else:
+                raise SystemExit(f"unknown variant part: {part}")
+        yield kwargs
+
+
+def _jcmd(sampler: TreeSampler, *command: str) -> None:
+    import subprocess
+
+    from bench.common import _kind, descendants
+
+    jvms = [pid for pid in descendants(sampler.root, sampler.exclude) if _kind(pid) == "jvm"]
+    for pid in jvms:
+        subprocess.run(["jcmd", str(pid), *command], check=True, capture_output=True)
+
+
+def summarize(path: str) -> list[dict[str, Any]]:
+    """Median per variant of the runs appended to `path` by --out."""
+    import statistics
+
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for line in open(path):
+        row = json.loads(line)
+        runs.setdefault(row["variant"], []).append(row)
+    out = []
+    for name, rows in runs.items():
+        def med(key: str, rows: list[dict[str, Any]] = rows) -> float:
+            return round(statistics.median(r[key] for r in rows), 2)
+
+        out.append(
+            {
+                "variant": name,
+                "runs": len(rows),
+                "tree_cpu_s": med("tree_cpu_s"),
+                "jvm_cpu_s": med("jvm_cpu_s"),
+                "python_worker_cpu_s": med("python_worker_cpu_s"),
+                "driver_cpu_s": med("driver_cpu_s"),
+                "wall_s": med("wall_s"),
+                "msgs_per_cpu_s": med("msgs_per_cpu_s"),
+                "cpu_runs": [r["tree_cpu_s"] for r in rows],
+            }
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--summarize":
+        for row in summarize(sys.argv[2]):
+            print(json.dumps(row))
+        return 0
+    p = argparse.ArgumentParser(prog="python -m bench.experiments", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--messages", type=int, default=500_000)
+    p.add_argument("--partitions", type=int, default=6)
+    p.add_argument("--variants", default="baseline,fast_loops")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=20_000, help="a small run first so JIT/worker start is not billed to the first variant")
+    p.add_argument("--spark-conf", action="append", default=[], metavar="K=V")
+    p.add_argument("--out", help="append one JSON line per run here")
+    p.add_argument(
+        "--jfr",
+        metavar="PATH",
+        help="record the Spark JVM with Java Flight Recorder during the measured runs and dump it to PATH "
+        "(summarize with python -m bench.jfr PATH)",
+    )
+    args = p.parse_args(argv)
+
+    from dpone_dagster.embedded_broker import EmbeddedBroker
+
+    conf = dict(item.split("=", 1) for item in args.spark_conf)
+    results: list[dict[str, Any]] = []
+    with stdout_to_stderr(True), EmbeddedBroker() as broker:
+        bs = broker.bootstrap_servers
+        sampler = TreeSampler(exclude={broker._process.pid}).start()  # type: ignore[union-attr]
+        src = "exp_src"
+        create_topic(bs, src, args.partitions)
+        generate_events(bs, src, args.messages, args.partitions)
+        spark, start = start_spark(conf or None)
+        print(f"spark start {start}", file=sys.stderr, flush=True)
+        if args.warmup:
+            create_topic(bs, "exp_warm", args.partitions)
+            generate_events(bs, "exp_warm", args.warmup, args.partitions)
+            run_engine(spark, bs, "exp_warm", args.partitions, None, name="warm")
+        if args.jfr:
+            _jcmd(sampler, "JFR.start", "name=bench", "settings=profile")
+        for rnd in range(args.rounds):
+            for name in args.variants.split(","):
+                with variant(name, spark) as kw:
+                    r = run_engine(spark, bs, src, args.partitions, sampler, name="v", **kw)
+                row = {
+                    "variant": name,
+                    "round": rnd,
+                    "messages": r.messages,
+                    "delivered": r.delivered,
+                    "wall_s": round(r.seconds, 2),
+                    "msgs_per_s": round(r.msgs_per_s),
+                    **r.cpu,
+                    "msgs_per_cpu_s": round(r.messages / r.cpu["tree_cpu_s"]) if r.cpu.get("tree_cpu_s") else None,
+                    "stages": r.details["stage_seconds"],
+                    "memory_mb": r.memory_mb,
+                    "time": time.strftime("%X"),
+                }
+                assert r.delivered == args.messages, row
+                results.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+                if args.out:
+                    with open(args.out, "a") as fh:
+                        fh.write(json.dumps({**row, "spark_conf": conf}) + "\n")
+        if args.jfr:
+            _jcmd(sampler, "JFR.dump", "name=bench", f"filename={args.jfr}")
+        sampler.stop()
+    print(json.dumps({"machine": machine_info(), "spark_conf": conf, "runs": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
