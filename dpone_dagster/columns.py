@@ -15,9 +15,12 @@ SOURCE_KEY = "__dpone__source_key"
 SOURCE_HEADERS = "__dpone__source_headers"
 CORRUPT = "__dpone__corrupt"
 ORDER = "__dpone__order"  # source order, used by keep_last / keep_first and ordered produce
+# JSON drift past the schema sample: a record's unknown top-level keys and its text (extract only).
+UNKNOWN_KEYS = "__dpone__unknown_keys"
+UNKNOWN_TEXT = "__dpone__unknown_text"
 
 METADATA = frozenset(
-    {OP, SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET, SOURCE_TIMESTAMP, SOURCE_KEY, SOURCE_HEADERS, CORRUPT, ORDER}
+    {OP, SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET, SOURCE_TIMESTAMP, SOURCE_KEY, SOURCE_HEADERS, CORRUPT, ORDER, UNKNOWN_KEYS, UNKNOWN_TEXT}
 )
 
 UPSERT = "upsert"

@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from dpone_dagster import columns as C
 from dpone_dagster.errors import ConfigError, RunFailed
 from dpone_dagster.kafka import inspect
 from dpone_dagster.kafka.boundary import (
@@ -154,21 +156,43 @@ class KafkaBatchSource:
     def extract(self, spark: SparkSession, boundary: Boundary, log: Log) -> ExtractResult:
         if self.options.message_format != "json":
             return self._extract_registry(spark, boundary, log)
-        tasks = split_into_tasks(boundary, self.options.records_per_task)
         sample = self.sample_values(boundary) if boundary.total else []
         envelope = self.resolve_envelope(sample)
         schema = self._schema(sample, envelope)
-        log(f"extract: {len(tasks)} Spark task(s) over {boundary.total} offsets of '{self.topic}'")
-        raw = read_ranges(spark, tasks, self._reader_settings())
         notes = [f"envelope: {envelope}" + (" (detected)" if self.options.envelope == "auto" else "")]
-        if self.options.schema_ is None and boundary.total:
-            raw = raw.cache()  # decoded twice only if the schema needs widening
-            extra = sorted(set(decode.top_level_keys(raw, envelope)) - set(schema.fieldNames()))
-            if extra:
-                texts = decode.sample_values_with_keys(raw, envelope, extra)
-                schema = merge_structs(schema, self._infer([_loads(t) for t in texts], envelope))
-                notes.append(f"schema widened with fields not in the sample: {extra}")
-        return ExtractResult(decode.decode_json(raw, schema, envelope), schema, envelope, notes, raw)
+        # An inferred schema may miss keys the sample did not hold: every record is checked.
+        detect = self.options.schema_ is None and bool(boundary.total)
+        return self._extract_json(spark, boundary, schema, envelope, notes, detect, log)
+
+    def _extract_json(
+        self, spark: SparkSession, boundary: Boundary, schema: StructType, envelope: str, notes: list[str], detect: bool, log: Log
+    ) -> ExtractResult:
+        tasks = split_into_tasks(boundary, self.options.records_per_task)
+        log(f"extract: {len(tasks)} Spark task(s) over {boundary.total} offsets of '{self.topic}'")
+        settings = self._reader_settings()
+        # Flat JSON is decoded in the read tasks where pyarrow can (spark/arrow_json.py).
+        raw = read_ranges(spark, tasks, settings, schema if envelope == "flat" else None)
+        df = decode.decode_json(raw, schema, envelope, detect_unknown=detect)
+        return ExtractResult(df, schema, envelope, notes, read_ranges(spark, tasks, settings))
+
+    def widen(self, spark: SparkSession, boundary: Boundary, extracted: ExtractResult, staged: DataFrame, log: Log) -> ExtractResult:
+        """Re-extract with the schema widened by the keys `staged` reports in C.UNKNOWN_KEYS (types
+        inferred from up to 50 records per key). The new extract does not look for drift again."""
+        per_key = Window.partitionBy("k").orderBy(C.SOURCE_PARTITION, C.SOURCE_OFFSET)
+        samples = (
+            staged.where(F.col(C.UNKNOWN_KEYS).isNotNull())
+            .select(F.explode(C.UNKNOWN_KEYS).alias("k"), C.UNKNOWN_TEXT, C.SOURCE_PARTITION, C.SOURCE_OFFSET)
+            .withColumn("n", F.row_number().over(per_key))
+            .where("n <= 50")
+            .select("k", C.UNKNOWN_TEXT)
+            .collect()
+        )
+        keys = sorted({row["k"] for row in samples})
+        texts = list(dict.fromkeys(row[C.UNKNOWN_TEXT] for row in samples))
+        schema = merge_structs(extracted.schema, self._infer([_loads(t) for t in texts], extracted.envelope))
+        notes = [*extracted.notes, f"schema widened with fields not in the sample: {keys}"]
+        log(f"extract: {notes[-1]}; reading the batch again")
+        return self._extract_json(spark, boundary, schema, extracted.envelope, notes, False, log)
 
     def _reader_settings(self) -> ReaderSettings:
         return ReaderSettings(

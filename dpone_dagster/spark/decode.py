@@ -11,9 +11,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from dpone_dagster import columns as C
+from dpone_dagster.spark.kafka_reader import JSON_OK, json_column, reads_decoded
 
 _JSON_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": C.CORRUPT}
 DELETE_OPS = ("delete", "d", "DELETE", "D")
+_PARSED = "__dpone__parsed"
 
 
 def with_corrupt_field(schema: StructType) -> StructType:
@@ -31,11 +33,25 @@ def envelope_schema(data_schema: StructType) -> StructType:
     )
 
 
-def decode_json(raw: DataFrame, schema: StructType, envelope: str) -> DataFrame:
-    """`envelope` is flat or dpone (auto is resolved from the sample before this is called)."""
+def decode_json(raw: DataFrame, schema: StructType, envelope: str, detect_unknown: bool = False) -> DataFrame:
+    """`envelope` is flat or dpone (auto is resolved from the sample before this is called).
+
+    Rows the read tasks decoded already (`kafka_reader.JSON_OK`) keep their columns; the others are
+    parsed here. With `detect_unknown`, records holding top-level keys the schema lacks get them
+    in `C.UNKNOWN_KEYS` and their text in `C.UNKNOWN_TEXT` (drift past the sample; a read task
+    never decodes such a record)."""
     text = F.col("value").cast("string")
     payload_fields = [f for f in schema.fields if f.name != C.OP]
     payload_schema = StructType(payload_fields)
+    names = schema.fieldNames()
+    prepared = reads_decoded(raw)
+    ok = F.col(JSON_OK) if prepared else F.lit(False)
+    staged_columns: list[Column] = []
+    if detect_unknown:
+        keys_text = F.get_json_object(text, "$.data") if envelope == "dpone" else text
+        known = F.array(*[F.lit(n) for n in names]) if names else F.array().cast("array<string>")
+        unknown = F.array_except(F.json_object_keys(keys_text), known)
+        staged_columns.append(F.when(~ok & (F.size(unknown) > 0), unknown).alias(C.UNKNOWN_KEYS))
     if envelope == "dpone":
         parsed = F.from_json(text, envelope_schema(payload_schema), _JSON_OPTIONS)
         data = parsed.getField("data")
@@ -45,18 +61,30 @@ def decode_json(raw: DataFrame, schema: StructType, envelope: str) -> DataFrame:
             F.when(text.isNotNull() & (op_text.isNull() | (data.isNull() & ~op_text.isin(*DELETE_OPS))), text),
         )
     else:
-        flat_schema = with_corrupt_field(schema)
-        parsed = F.from_json(text, flat_schema, _JSON_OPTIONS)
-        data = parsed
-        op_text = parsed.getField(C.OP) if any(f.name == C.OP for f in schema.fields) else F.lit(None)
+        # Parsed in a projection of its own and only where the read task did not decode the
+        # record; the next projection reads it once per field (Spark does not merge the two).
+        staged_columns.append(F.when(~ok, F.from_json(text, with_corrupt_field(schema), _JSON_OPTIONS)).alias(_PARSED))
+        parsed = F.col(_PARSED)
+
+        def field(name: str) -> Column:
+            if not prepared:
+                return parsed.getField(name)
+            return F.when(F.col(JSON_OK), F.col(json_column(names.index(name)))).otherwise(parsed.getField(name))
+
+        data = F.struct(*[field(f.name).alias(f.name) for f in payload_fields])
+        op_text = field(C.OP) if C.OP in names else F.lit(None)
         corrupt = parsed.getField(C.CORRUPT)
+    stage = raw.select("*", *staged_columns) if staged_columns else raw
+    drift: list[Column] = []
+    if detect_unknown:
+        drift = [F.col(C.UNKNOWN_KEYS), F.when(F.col(C.UNKNOWN_KEYS).isNotNull(), text).alias(C.UNKNOWN_TEXT)]
     # Say why, and where (the same shape as the registry decoders' reasons).
     corrupt = F.when(
         corrupt.isNotNull(),
         F.concat(F.lit("value is not JSON matching the schema at "), F.col("partition").cast("string"), F.lit("@"), F.col("offset").cast("string")),
     )
     op = F.when(text.isNull() | op_text.isin(*DELETE_OPS), F.lit(C.DELETE)).otherwise(F.lit(C.UPSERT))
-    return raw.select(*decoded_columns(data, payload_fields, op, corrupt))
+    return stage.select(*decoded_columns(data, payload_fields, op, corrupt), *drift)
 
 
 def decoded_columns(data: Column, payload_fields: list[StructField], op: Column, corrupt: Column) -> list[Column]:
@@ -78,21 +106,3 @@ def decoded_columns(data: Column, payload_fields: list[StructField], op: Column,
 def source_order() -> Column:
     """Source order across partitions: record timestamp, then partition and offset."""
     return F.struct(F.col("timestamp").alias("ts"), F.col("partition").alias("p"), F.col("offset").alias("o"))
-
-
-def top_level_keys(raw: DataFrame, envelope: str) -> list[str]:
-    """Every top-level payload key present in the batch (a JVM pass; catches drift the sample missed)."""
-    text = F.col("value").cast("string")
-    if envelope == "dpone":
-        text = F.get_json_object(text, "$.data")
-    keys = raw.where(text.startswith("{")).select(F.explode(F.json_object_keys(text)).alias("k")).distinct()
-    return sorted(row["k"] for row in keys.collect())
-
-
-def sample_values_with_keys(raw: DataFrame, envelope: str, keys: list[str], limit: int = 200) -> list[str]:
-    """Raw JSON texts of some records that carry any of `keys` (to widen an inferred schema)."""
-    text = F.col("value").cast("string")
-    probe = F.get_json_object(text, "$.data") if envelope == "dpone" else text
-    wanted = F.array(*[F.lit(k) for k in keys])
-    rows = raw.where(F.arrays_overlap(F.json_object_keys(probe), wanted)).select(text.alias("t")).limit(limit)
-    return [row["t"] for row in rows.collect()]

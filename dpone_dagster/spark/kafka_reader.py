@@ -13,10 +13,33 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from dpone_dagster.kafka.boundary import ReadTask
+from dpone_dagster.spark import arrow_json
 
 RAW_COLUMNS = "topic string, partition int, offset long, timestamp long, key binary, value binary, headers array<struct<key:string,value:binary>>"
+
+RAW_SCHEMA = StructType(
+    [
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", LongType()),
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("headers", ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))),
+    ]
+)
 
 _ARROW_SCHEMA = pa.schema(
     [
@@ -33,6 +56,14 @@ _ARROW_SCHEMA = pa.schema(
 INCOMPLETE_READ = "DPONE_INCOMPLETE_READ"
 
 
+JSON_OK = "__dpone__json_ok"  # the record's value was decoded in the read task
+
+
+def json_column(index: int) -> str:
+    """Name of the read task's decoded payload field `index` (payload names may clash with raw ones)."""
+    return f"__dpone__json_{index}"
+
+
 @dataclass(frozen=True)
 class ReaderSettings:
     client_config: dict[str, Any]
@@ -44,18 +75,46 @@ class ReaderSettings:
     consumer_overrides: tuple[tuple[str, Any], ...] = ()
 
 
-def read_ranges(spark: SparkSession, tasks: list[ReadTask], settings: ReaderSettings) -> DataFrame:
-    """A DataFrame of raw records for every task; one Spark partition per task."""
+def read_ranges(spark: SparkSession, tasks: list[ReadTask], settings: ReaderSettings, json_schema: StructType | None = None) -> DataFrame:
+    """A DataFrame of raw records for every task; one Spark partition per task.
+
+    With `json_schema` (flat JSON values, types `arrow_json` supports) the tasks also decode the
+    values: columns `json_column(i)` per schema field and `JSON_OK` (false where the batch is left
+    to the JVM decoder)."""
     if not tasks:
         return spark.createDataFrame([], RAW_COLUMNS)
     specs = [(t.topic, t.partition, t.start, t.end) for t in tasks]
+    decode_schema = arrow_json.arrow_schema(json_schema) if json_schema is not None else None
+    output: StructType | str = RAW_COLUMNS
+    if decode_schema is not None and json_schema is not None:
+        output = StructType(
+            [
+                *RAW_SCHEMA.fields,
+                *[StructField(json_column(i), f.dataType, True) for i, f in enumerate(json_schema.fields)],
+                StructField(JSON_OK, BooleanType(), False),
+            ]
+        )
 
     def read_tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for task_id in batch.column(0).to_pylist():
-                yield from _read_one_range(settings, *specs[task_id])
+                for raw in _read_one_range(settings, *specs[task_id]):
+                    yield raw if decode_schema is None else _with_decoded(raw, decode_schema)
 
-    return spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(read_tasks, RAW_COLUMNS)
+    return spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(read_tasks, output)
+
+
+def reads_decoded(df: DataFrame) -> bool:
+    return JSON_OK in df.columns
+
+
+def _with_decoded(raw: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    decoded = arrow_json.decode_values(raw.column(5), schema)
+    ok = decoded is not None
+    columns = decoded if decoded is not None else [pa.nulls(raw.num_rows, f.type) for f in schema]
+    names = [*raw.schema.names, *[json_column(i) for i in range(len(schema))], JSON_OK]
+    flags = pa.array([ok] * raw.num_rows, pa.bool_())
+    return pa.RecordBatch.from_arrays([*raw.columns, *columns, flags], names=names)
 
 
 def _consumer_config(settings: ReaderSettings) -> dict[str, Any]:
@@ -81,14 +140,14 @@ def _read_one_range(settings: ReaderSettings, topic: str, partition: int, start:
     """Yield records with start <= offset < end. Fails unless the position reaches `end`.
 
     Offsets may have gaps (compaction, transaction markers), so completion is judged by the
-    consumer position, never by a record count or by a number of empty polls.
+    consumer position, never by a record count or by a number of empty polls. Offsets rise
+    within a partition, so the end is checked once per consumed batch.
     """
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     consumer = Consumer(_consumer_config(settings))
-    tp = TopicPartition(topic, partition, start)
-    consumer.assign([tp])
-    columns: dict[str, list[Any]] = {name: [] for name in _ARROW_SCHEMA.names}
+    consumer.assign([TopicPartition(topic, partition, start)])
+    pending: list[Any] = []  # consumed records not yet in an Arrow batch
     position = start
     empty_polls = 0
     timeout_s = settings.poll_timeout_ms / 1000
@@ -98,50 +157,71 @@ def _read_one_range(settings: ReaderSettings, topic: str, partition: int, start:
             wanted = max(1, min(settings.batch_size, end - position))
             messages = consumer.consume(num_messages=wanted, timeout=timeout_s)
             progressed = False
-            for message in messages:
-                err = message.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise RuntimeError(f"{topic}[{partition}] fetch error at offset {position}: {err}")
-                offset = message.offset()
-                if offset >= end:
+            if any(m.error() is not None for m in messages):
+                for m in messages:
+                    err = m.error()
+                    if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(f"{topic}[{partition}] fetch error at offset {position}: {err}")
+                messages = [m for m in messages if m.error() is None]
+            if messages:
+                if messages[-1].offset() >= end:
+                    messages = messages[: _first_at_or_after(messages, end)]
                     position = end
-                    break
-                _append(columns, message)
-                position = offset + 1
-                progressed = True
+                if messages:
+                    pending.extend(messages)
+                    position = max(position, messages[-1].offset() + 1)
+                    progressed = True
             if position < end:
                 # Transaction markers and compacted gaps advance the position without records.
                 current = consumer.position([TopicPartition(topic, partition)])[0].offset
                 if current > position:
                     position = current
                     progressed = True
-            if len(columns["offset"]) >= settings.arrow_batch_rows:
-                yield _to_batch(columns)
-                columns = {name: [] for name in _ARROW_SCHEMA.names}
+            if len(pending) >= settings.arrow_batch_rows:
+                yield _to_batch(pending, topic, partition)
+                pending = []
             empty_polls = 0 if progressed else empty_polls + 1
             if empty_polls >= settings.max_empty_polls and position < end:
                 raise RuntimeError(
                     f"{INCOMPLETE_READ}: {topic}[{partition}] stopped at offset {position}, planned end {end} "
                     f"({settings.max_empty_polls} polls of {settings.poll_timeout_ms} ms without progress)"
                 )
-        if columns["offset"]:
-            yield _to_batch(columns)
+        if pending:
+            yield _to_batch(pending, topic, partition)
     finally:
         consumer.close()
 
 
-def _append(columns: dict[str, list[Any]], message: Any) -> None:
-    columns["topic"].append(message.topic())
-    columns["partition"].append(message.partition())
-    columns["offset"].append(message.offset())
-    columns["timestamp"].append(message.timestamp()[1])
-    columns["key"].append(message.key())
-    columns["value"].append(message.value())
-    headers = message.headers()
-    columns["headers"].append([{"key": k, "value": v} for k, v in headers] if headers else None)
+def _first_at_or_after(messages: list[Any], end: int) -> int:
+    """Index of the first message with offset >= end (offsets rise within a partition)."""
+    lo, hi = 0, len(messages)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if messages[mid].offset() < end:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
-def _to_batch(columns: dict[str, list[Any]]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict(columns, schema=_ARROW_SCHEMA)
+def _to_batch(messages: list[Any], topic: str, partition: int) -> pa.RecordBatch:
+    """Column by column: topic and partition are constant in a task."""
+    n = len(messages)
+    headers = [m.headers() for m in messages]
+    if any(headers):
+        header_values: list[Any] = [[{"key": k, "value": v} for k, v in h] if h else None for h in headers]
+        header_array = pa.array(header_values, _ARROW_SCHEMA.field("headers").type)
+    else:
+        header_array = pa.nulls(n, _ARROW_SCHEMA.field("headers").type)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([topic] * n, pa.string()),
+            pa.array([partition] * n, pa.int32()),
+            pa.array([m.offset() for m in messages], pa.int64()),
+            pa.array([m.timestamp()[1] for m in messages], pa.int64()),
+            pa.array([m.key() for m in messages], pa.binary()),
+            pa.array([m.value() for m in messages], pa.binary()),
+            header_array,
+        ],
+        schema=_ARROW_SCHEMA,
+    )

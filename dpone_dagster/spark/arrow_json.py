@@ -1,0 +1,85 @@
+"""Decode flat JSON record values with pyarrow's C++ JSON reader, inside the Spark read tasks.
+
+This is the fast path of the JSON decoder: ~1.5 µs per 230-byte record against ~10 µs for Spark's
+`from_json` plus the drift check. It is all-or-nothing per Arrow batch: a batch is decoded here
+only when pyarrow can decode every value of it exactly as Spark would; otherwise it returns None
+and the JVM decoder (`decode.decode_json`) handles that batch, corrupt records and drift included.
+
+pyarrow is strict where Spark converts (a number in a string field, 1.0 in a long field, a
+duplicated key, a stray control character: all errors), so strictness only ever sends a batch to
+the JVM. The guards below keep pyarrow's line-based reader aligned with the records.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+from pyspark.sql.types import ArrayType, BooleanType, DataType, DoubleType, LongType, StringType, StructType
+
+# A first line that is an object: pyarrow crashes (SIGSEGV, 26.0) on a buffer whose first row
+# is a JSON `null`; with this line first no later row can be the first.
+_SENTINEL = b"{}"
+
+
+def arrow_type(dtype: DataType) -> pa.DataType | None:
+    """The Arrow type the reader decodes `dtype` into, or None when the fast path does not
+    support it (the types schema inference produces are supported)."""
+    if isinstance(dtype, LongType):
+        return pa.int64()
+    if isinstance(dtype, DoubleType):
+        return pa.float64()
+    if isinstance(dtype, BooleanType):
+        return pa.bool_()
+    if isinstance(dtype, StringType):
+        return pa.string()
+    if isinstance(dtype, ArrayType):
+        element = arrow_type(dtype.elementType)
+        return pa.list_(element) if element is not None else None
+    if isinstance(dtype, StructType):
+        fields = [(f.name, arrow_type(f.dataType)) for f in dtype.fields]
+        if any(t is None for _, t in fields) or len({name for name, _ in fields}) != len(fields):
+            return None
+        return pa.struct(fields)
+    return None
+
+
+def arrow_schema(schema: StructType) -> pa.Schema | None:
+    struct = arrow_type(schema)
+    return pa.schema(list(struct)) if struct is not None else None
+
+
+def decode_values(values: pa.Array, schema: pa.Schema) -> list[pa.Array] | None:
+    """One array per schema field, aligned with `values` (null for null values = tombstones), or
+    None when this batch must be decoded by the JVM."""
+    present = values.drop_null() if values.null_count else values
+    n = len(present)
+    if n == 0:
+        return [pa.nulls(len(values), field.type) for field in schema]
+    # Every value one object on one line: starts with '{', holds no line break (JSON escapes
+    # them inside strings, so a raw one is formatting — or two records in one value).
+    if not pc.all(pc.starts_with(present, "{")).as_py():
+        return None
+    buffer = _SENTINEL + b"\n" + b"\n".join(present.to_pylist())
+    if buffer.count(b"\n") != n or b"\r" in buffer:
+        return None
+    try:
+        table = pa_json.read_json(
+            pa.py_buffer(buffer),
+            read_options=pa_json.ReadOptions(use_threads=False, block_size=max(1 << 20, len(buffer) + 1)),
+            parse_options=pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer"),
+        )
+        # The reader does not check UTF-8 (nor what escapes decode to); Spark's rules apply.
+        table.validate(full=True)
+    except (pa.ArrowException, UnicodeDecodeError, ValueError):
+        return None
+    # One row per value (a value holding two objects would add rows), and no field beyond the
+    # schema at any depth (the JVM reports drift and widens the schema).
+    if table.num_rows != n + 1 or table.schema != schema:
+        return None
+    columns = [table.column(i).slice(1).combine_chunks() for i in range(len(schema))]
+    if values.null_count:
+        positions = pc.subtract(pc.cumulative_sum(pc.cast(values.is_valid(), pa.int64())), 1)
+        indices = pc.if_else(values.is_valid(), positions, pa.scalar(None, pa.int64()))
+        columns = [column.take(indices) for column in columns]
+    return columns

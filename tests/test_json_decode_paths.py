@@ -1,0 +1,68 @@
+"""The two JSON decoders agree: batches decoded in the read tasks (pyarrow) and batches left to
+the JVM (`from_json`) give the same rows, on the embedded broker and the shared Spark session."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import create_topic, produce_json, unique_topic
+from pyspark.sql.types import ArrayType, DoubleType, LongType, StringType, StructField, StructType
+
+from dpone_dagster import columns as C
+from dpone_dagster.kafka.boundary import ReadTask
+from dpone_dagster.spark.decode import decode_json
+from dpone_dagster.spark.kafka_reader import JSON_OK, ReaderSettings, read_ranges
+
+SCHEMA = StructType(
+    [
+        StructField("order_id", LongType()),
+        StructField("amount", DoubleType()),
+        StructField("status", StringType()),
+        StructField("tags", ArrayType(StringType())),
+        StructField("customer", StructType([StructField("city", StringType())])),
+    ]
+)
+CLEAN = [{"order_id": i, "amount": i / 4, "status": "paid", "tags": ["a", "b"], "customer": {"city": "Oslo"}} for i in range(40)]
+# Values Spark decodes by its own rules (or reports): the read task must leave their batch alone.
+ODD = [
+    {"order_id": 100, "status": 5},  # number into a string field: Spark keeps "5"
+    b'{\n  "order_id": 101,\n  "amount": 2\n}',  # formatted over several lines
+    b'{"order_id": 102, "amount": "x"}',  # corrupt for Spark
+    b"null",
+    None,  # tombstone
+    {"order_id": 103, "late": True},  # drift past the schema
+    b'{"order_id": 104, "status": "\\u00e9"}',
+]
+
+
+def rows(df):
+    keep = [*SCHEMA.fieldNames(), C.OP, C.SOURCE_PARTITION, C.SOURCE_OFFSET, C.CORRUPT, C.UNKNOWN_KEYS]
+    return sorted(json.dumps(r.asDict(recursive=True), sort_keys=True, default=str) for r in df.select(*keep).collect())
+
+
+def test_fast_and_jvm_decoders_give_the_same_rows(broker, spark):
+    bs = broker.bootstrap_servers
+    topic = unique_topic("paths")
+    create_topic(bs, topic, 2)
+    produce_json(bs, topic, CLEAN, partition=0)
+    produce_json(bs, topic, CLEAN[:5] + ODD, partition=1)
+    tasks = [ReadTask(0, topic, 0, 0, len(CLEAN)), ReadTask(1, topic, 1, 0, 5 + len(ODD))]
+    settings = ReaderSettings({"bootstrap.servers": bs}, "g-paths")
+
+    prepared = read_ranges(spark, tasks, settings, SCHEMA)
+    flags = {r["partition"]: r["ok"] for r in prepared.groupBy("partition").agg({JSON_OK: "max"}).withColumnRenamed(f"max({JSON_OK})", "ok").collect()}
+    assert flags == {0: True, 1: False}  # the clean partition was decoded in its read task
+
+    fast = decode_json(prepared, SCHEMA, "flat", detect_unknown=True)
+    jvm = decode_json(read_ranges(spark, tasks, settings), SCHEMA, "flat", detect_unknown=True)
+    assert rows(fast) == rows(jvm)
+
+    by_offset = {(r[C.SOURCE_PARTITION], r[C.SOURCE_OFFSET]): r for r in fast.collect()}
+    assert by_offset[(1, 5)]["status"] == "5"
+    assert by_offset[(1, 6)]["amount"] == 2.0 and by_offset[(1, 6)][C.CORRUPT] is None
+    assert by_offset[(1, 7)][C.CORRUPT] is not None
+    assert by_offset[(1, 9)][C.OP] == C.DELETE
+    assert by_offset[(1, 10)][C.UNKNOWN_KEYS] == ["late"]
+    assert by_offset[(1, 11)]["status"] == "é"
+    clean = by_offset[(0, 3)]
+    assert (clean["order_id"], clean["amount"], clean["customer"]["city"], clean["tags"]) == (3, 0.75, "Oslo", ["a", "b"])
