@@ -96,6 +96,40 @@ def test_incremental_merge_keep_last_emits_one_upsert_per_key(broker, spark, kaf
     assert {int(r["key"]): r["value"]["version"] for r in out} == {k: 40 + k for k in range(10)}
 
 
+@pytest.mark.parametrize("broadcast_keys", [1_000_000, 0], ids=["broadcast-winners", "sorted-window"])
+def test_keep_last_across_partitions_by_either_plan(broker, spark, kafka_env, tmp_path, monkeypatch, broadcast_keys):
+    """Duplicated keys are resolved with a broadcast of the winners, or beyond the limit by a sort
+    of the whole batch; both keep the newest record per key, with keys spread over partitions."""
+    import dpone_dagster.engine.run as engine_run
+
+    monkeypatch.setattr(engine_run, "BROADCAST_DEDUPE_KEYS", broadcast_keys)
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("src"), unique_topic("dst")
+    create_topic(bs, src, 3)
+    create_topic(bs, dst, 2)
+    base = 1_700_000_000_000
+    # Key k gets versions 0..2 in different partitions; the newest timestamp wins.
+    for version in range(3):
+        rows = [{"order_id": k, "version": version} for k in range(20)]
+        produce_json(bs, src, rows, partition=version, timestamps=[base + version * 1000 + k for k in range(20)])
+    produce_json(bs, src, [{"order_id": 100 + k, "version": 9} for k in range(5)], partition=0)  # unique keys
+    sink = "  strategy: {mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}"
+    result = run_pipeline(parse_manifest(manifest_text(src, dst, tmp_path, sink)), spark)
+    assert (result.rows_extracted, result.messages_produced, result.duplicates_removed) == (65, 25, 40)
+    got = {int(r["key"]): r["value"]["version"] for r in consume_all(bs, dst)}
+    assert got == {**{k: 2 for k in range(20)}, **{100 + k: 9 for k in range(5)}}
+
+
+def test_unique_keys_skip_the_dedupe(broker, spark, kafka_env, topics, tmp_path):
+    src, dst = topics
+    bs = broker.bootstrap_servers
+    produce_json(bs, src, [{"order_id": i} for i in range(30)], partition=1)
+    sink = "  strategy: {mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}"
+    result = run_pipeline(parse_manifest(manifest_text(src, dst, tmp_path, sink)), spark)
+    assert (result.messages_produced, result.duplicates_removed) == (30, 0)
+    assert sorted(int(r["key"]) for r in consume_all(bs, dst)) == list(range(30))
+
+
 def test_keep_first_and_allow_keep_order(broker, spark, kafka_env, tmp_path):
     bs = broker.bootstrap_servers
     src = unique_topic("src")

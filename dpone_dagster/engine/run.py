@@ -89,6 +89,19 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
     return result
 
 
+def _stage_batch(df: DataFrame) -> tuple[DataFrame, Any]:
+    """Persist the extracted batch (the one pass over the source) and count it."""
+    persisted = df.persist(StorageLevel.MEMORY_AND_DISK)
+    drift = C.UNKNOWN_KEYS in df.columns
+    counts = persisted.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.count(F.col(C.CORRUPT)).alias("corrupt"),
+        F.sum(F.when(F.col(C.OP) == C.DELETE, 1).otherwise(0)).alias("deletes"),
+        (F.count(F.col(C.UNKNOWN_KEYS)) if drift else F.lit(0)).alias("unknown"),
+    ).first()
+    return persisted, counts
+
+
 def _write_artifacts(manifest: Manifest, result: RunResult, log: Log) -> None:
     """run.json, plan.md and metrics.json under observability.artifacts.path (when enabled)."""
     artifacts = manifest.observability.artifacts
@@ -242,17 +255,18 @@ def _run(
     with _stage(result, "preflight", log):
         ensure_sink_topic(sink_config, manifest.sink.topic, manifest.sink.options.create_topic)
 
-    staged: DataFrame | None = None
+    persisted: DataFrame | None = None  # what to unpersist; `staged` is the view of it in use
     try:
         with _stage(result, "extract", log):
             extracted = planned.source.extract(spark, planned.boundary, log)
+            persisted, counts = _stage_batch(extracted.df)
+            if counts["unknown"]:
+                # Records with keys the schema sample missed: widen the schema, read again.
+                extracted = planned.source.widen(spark, planned.boundary, extracted, persisted, log)
+                persisted.unpersist()
+                persisted, counts = _stage_batch(extracted.df)
+            staged = persisted.drop(C.UNKNOWN_KEYS, C.UNKNOWN_TEXT)
             result.notes.extend(extracted.notes)
-            staged = extracted.df.persist(StorageLevel.MEMORY_AND_DISK)
-            counts = staged.agg(
-                F.count(F.lit(1)).alias("rows"),
-                F.count(F.col(C.CORRUPT)).alias("corrupt"),
-                F.sum(F.when(F.col(C.OP) == C.DELETE, 1).otherwise(0)).alias("deletes"),
-            ).first()
             result.rows_extracted = int(counts["rows"])
             corrupt = int(counts["corrupt"])
             if corrupt:
@@ -274,8 +288,8 @@ def _run(
             deletes = int(counts["deletes"] or 0)
             _shape_and_load(manifest, staged, deletes, extracted.raw, sink_config, result, log)
     finally:
-        if staged is not None:
-            staged.unpersist()
+        if persisted is not None:
+            persisted.unpersist()
 
     with _stage(result, "commit", log):
         result.status = "success"
@@ -367,7 +381,14 @@ def _shape_and_load(
     log: Log,
 ) -> None:
     with _stage(result, "shape", log):
-        messages, expected = _shape(manifest, staged, deletes, raw, sink_config, result)
+        messages, expected, persisted = _shape(manifest, staged, deletes, raw, sink_config, result)
+    try:
+        _load(manifest, messages, expected, sink_config, result, log)
+    finally:
+        persisted.unpersist()
+
+
+def _load(manifest: Manifest, messages: DataFrame, expected: int, sink_config: dict, result: RunResult, log: Log) -> None:
     with _stage(result, "load", log):
         delivery = manifest.sink.options.delivery
         stats = produce(
@@ -454,9 +475,9 @@ def _corrupt_reason() -> Column:
 
 def _shape(
     manifest: Manifest, staged: DataFrame, deletes: int, raw: DataFrame | None, sink_config: dict, result: RunResult
-) -> tuple[DataFrame, int]:
+) -> tuple[DataFrame, int, DataFrame]:
     """Apply key, delete policy, bad-key policy, duplicate policy and the size limit; returns
-    (messages, expected message count). Nothing is produced here."""
+    (messages, expected message count, persisted frame to release). Nothing is produced here."""
     sink = manifest.sink
     options = sink.options
     batch = staged
@@ -486,6 +507,8 @@ def _shape(
             handle_bad_records(manifest, bad, count, raw, sink_config, result, "record(s) have no unique key")
             keyed = keyed.where(~((F.col(C.OP) == C.UPSERT) & F.col(shape.KEY).isNull()))
     keyed_rows = result.rows_extracted - result.deletes_skipped - result.rows_dead_lettered - result.rows_skipped
+    deduplicated = False
+    release: list[DataFrame] = []  # persisted helpers to free after producing
     if sink.strategy.mode in shape.DEDUPE_MODES and options.key.mode == "unique_key":
         policy = sink.strategy.duplicate_policy
         if policy == "fail":
@@ -496,10 +519,9 @@ def _shape(
                     f"(e.g. {sample}); nothing was produced. Use keep_last/keep_first to keep one row per key"
                 )
         elif policy in ("keep_last", "keep_first"):
-            keyed = shape.dedupe(keyed, policy).persist(StorageLevel.MEMORY_AND_DISK)
-            kept = keyed.count()
-            result.duplicates_removed = keyed_rows - kept
-            keyed_rows = kept
+            keyed, winners = _keep_one_per_key(manifest, keyed, policy)
+            deduplicated = True
+            release.extend([winners] if winners is not None else [])
     if options.key.mode == "unique_key" and not shape.uses_dedupe(sink):
         keyed = shape.ordered_by_key(keyed)
     registry = _registry_plan(manifest, keyed, result)
@@ -510,31 +532,69 @@ def _shape(
         source_fields={"topic": manifest.source.topic} if isinstance(manifest.source, KafkaSource) else {},
     )
     messages = shape.to_messages(keyed, sink, ctx, registry)
-    return _enforce_size_limit(manifest, messages, keyed_rows, raw, sink_config, result)
+    try:
+        out, expected, persisted = _stage_messages(manifest, messages, None if deduplicated else keyed_rows, raw, sink_config, result)
+    finally:
+        for frame in release:
+            frame.unpersist()
+    return out, expected, persisted
 
 
-def _enforce_size_limit(
-    manifest: Manifest, messages: DataFrame, expected: int, raw: DataFrame | None, sink_config: dict, result: RunResult
-) -> tuple[DataFrame, int]:
-    """Messages over message.max.bytes are found before producing (brokers may not enforce it)."""
+# Duplicated keys up to this many are resolved with a broadcast of (key, winning order); more
+# fall back to a sort of the whole batch by key.
+BROADCAST_DEDUPE_KEYS = 1_000_000
+
+
+def _keep_one_per_key(manifest: Manifest, keyed: DataFrame, policy: str) -> tuple[DataFrame, DataFrame | None]:
+    """keep_last / keep_first. Returns the de-duplicated rows and a persisted helper to release."""
+    if not isinstance(manifest.source, KafkaSource):
+        # SQL source orders (watermark, key) can tie; the window picks exactly one row.
+        return shape.dedupe(keyed, policy), None
+    duplicated = shape.duplicated_keys(keyed).persist(StorageLevel.MEMORY_AND_DISK)
+    count = duplicated.count()
+    if count == 0 or count > BROADCAST_DEDUPE_KEYS:
+        duplicated.unpersist()
+        return (keyed, None) if count == 0 else (shape.dedupe(keyed, policy), None)
+    winners = shape.duplicate_winners(keyed, duplicated, policy).persist(StorageLevel.MEMORY_AND_DISK)
+    winners.count()
+    duplicated.unpersist()
+    return shape.keep_winners(keyed, winners), winners
+
+
+def _stage_messages(
+    manifest: Manifest, messages: DataFrame, expected: int | None, raw: DataFrame | None, sink_config: dict, result: RunResult
+) -> tuple[DataFrame, int, DataFrame]:
+    """Encode every message once and keep it (the producer tasks read the kept copy), counting in
+    the same pass the messages (when de-duplication made the number unknown) and those over
+    message.max.bytes, which are found before producing (brokers may not enforce it).
+    Returns (messages, expected count, the persisted frame to release after producing)."""
     limit = int(producer_config(sink_config, manifest.sink.options.delivery).get("message.max.bytes", 1_000_000))
     size = (
         F.coalesce(F.length("key"), F.lit(0))
         + F.coalesce(F.length("value"), F.lit(0))
         + F.coalesce(F.aggregate(F.col("headers"), F.lit(0), lambda acc, h: acc + F.length(h["key"]) + F.coalesce(F.length(h["value"]), F.lit(0))), F.lit(0))
     )
-    sized = messages.withColumn("__size", size)
-    too_large = sized.where(F.col("__size") > limit)
-    count = too_large.count()
-    if not count:
-        return messages, expected
-    bad = too_large.select(
+    sized = messages.withColumn("__size", size).persist(StorageLevel.MEMORY_AND_DISK)
+    counts = sized.agg(F.count(F.lit(1)).alias("n"), F.sum(F.when(F.col("__size") > limit, 1).otherwise(0)).alias("large")).first()
+    if expected is None:
+        result.duplicates_removed = (
+            result.rows_extracted - result.deletes_skipped - result.rows_dead_lettered - result.rows_skipped - int(counts["n"])
+        )
+        expected = int(counts["n"])
+    too_large = int(counts["large"] or 0)
+    if not too_large:
+        return sized.drop("__size"), expected, sized
+    bad = sized.where(F.col("__size") > limit).select(
         F.col(C.SOURCE_PARTITION).alias("partition"),
         F.col(C.SOURCE_OFFSET).alias("offset"),
         F.concat(F.lit("message of "), F.col("__size").cast("string"), F.lit(f" bytes exceeds message.max.bytes {limit}")).alias("reason"),
     )
-    handle_bad_records(manifest, bad, count, raw, sink_config, result, f"message(s) exceed message.max.bytes {limit}")
-    return sized.where(F.col("__size") <= limit).drop("__size"), expected - count
+    try:
+        handle_bad_records(manifest, bad, too_large, raw, sink_config, result, f"message(s) exceed message.max.bytes {limit}")
+    except BaseException:
+        sized.unpersist()
+        raise
+    return sized.where(F.col("__size") <= limit).drop("__size"), expected - too_large, sized
 
 
 def _registry_plan(manifest: Manifest, keyed: DataFrame, result: RunResult) -> Any:

@@ -92,6 +92,29 @@ def duplicate_keys(keyed: DataFrame, limit: int = 10) -> tuple[int, list[str]]:
     return count, sample
 
 
+WINNER = "__dpone__winner"
+
+
+def duplicated_keys(keyed: DataFrame) -> DataFrame:
+    """Keys occurring more than once. A hash aggregate of the keys alone (fixed-width buffer,
+    map-side pre-aggregation): the rows are not shuffled."""
+    return keyed.where(F.col(KEY).isNotNull()).groupBy(KEY).count().where(F.col("count") > 1).select(KEY)
+
+
+def duplicate_winners(keyed: DataFrame, duplicated: DataFrame, policy: str) -> DataFrame:
+    """Per duplicated key (a broadcast set): the source order of the row to keep."""
+    order = F.max(C.ORDER) if policy == "keep_last" else F.min(C.ORDER)
+    rows = keyed.join(F.broadcast(duplicated), on=KEY, how="left_semi")
+    return rows.groupBy(KEY).agg(order.alias(WINNER))
+
+
+def keep_winners(keyed: DataFrame, winners: DataFrame) -> DataFrame:
+    """Drop the rows of duplicated keys that are not the winner (a broadcast join: the rows stay
+    where they are). The source order must be unique per row, as it is for one Kafka topic."""
+    joined = keyed.join(F.broadcast(winners), on=KEY, how="left")
+    return joined.where(F.col(WINNER).isNull() | (F.col(C.ORDER) == F.col(WINNER))).drop(WINNER)
+
+
 def dedupe(keyed: DataFrame, policy: str) -> DataFrame:
     """One row per key by source order; rows without a key are all kept."""
     order = F.col(C.ORDER).desc() if policy == "keep_last" else F.col(C.ORDER).asc()
