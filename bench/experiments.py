@@ -4,26 +4,17 @@ each variant runs (c) — `run_pipeline`, incremental_merge keep_last — with a
 every variant alike. CPU seconds of the process tree (by kind) are the robust figure; wall time
 is reported too.
 
-    python -m bench.experiments --messages 500000 --variants baseline,fast_loops,no_keys_pass --rounds 2
+    python -m bench.experiments --messages 500000 --variants baseline,conf:spark.sql.inMemoryColumnarStorage.compressed=true --rounds 2
 
-Variants (combine with '+', e.g. fast_loops+agg_dedupe):
+Variants (combine with '+', e.g. rpt=100000+linger=50):
   baseline        the engine as it is
-  fast_reader     bench.variants.read_one_range_fast in the Spark read tasks
-  fast_writer     bench.variants.produce_task_fast in the Spark produce tasks
-  fast_loops      both
-  no_keys_pass    skip decode.top_level_keys and the raw cache (lower bound of a merged drift check)
-  keys_in_decode  no separate pass and no raw cache; the unknown-key check runs inside the decode
-                  pass (json_object_keys per record), i.e. the cost of the recommended merged check
-  headers_empty   null sink headers sent to the producer tasks as empty arrays (Arrow transfer fix)
-  no_size_pass    skip run._enforce_size_limit's separate count over the encoded messages (upper
-                  bound of folding the message.max.bytes check into the produce or count pass)
-  nocompress      spark.sql.inMemoryColumnarStorage.compressed=false for the run
   conf:K=V        any runtime SQL conf for the run
-  agg_dedupe      keep_last/keep_first with a hash aggregate (max_by/min_by) instead of a sorted window
   rpt=N           records_per_task N
   bs=N            source batch_size N (consume() size)
   spN             spark.sql.shuffle.partitions N for the run
-  linger=N        producer linger.ms N;  bsize=N producer batch.size N
+  linger=N        producer linger.ms N;  bsize=N producer batch.size N;  bnm=N batch.num.messages N
+  window_dedupe   resolve duplicate keys by sorting the whole batch (the fallback beyond
+                  engine.run.BROADCAST_DEDUPE_KEYS duplicated keys)
 """
 
 from __future__ import annotations
@@ -50,122 +41,23 @@ def _swap(obj: Any, name: str, value: Any) -> Iterator[None]:
         setattr(obj, name, saved)
 
 
-def _extract_variant(merge_check: bool) -> Any:
-    """KafkaBatchSource.extract without raw.cache() and without the top_level_keys pass. With
-    merge_check, a record carrying a top-level key outside the schema is found in the same decode
-    pass (json_object_keys per record) and, as a measurement stand-in, flagged through the corrupt
-    column; the recommended change counts the flag in the staged aggregate instead and widens the
-    schema when it is non-zero."""
-    from dpone_dagster.kafka.boundary import split_into_tasks
-    from dpone_dagster.sources.kafka import ExtractResult
-    from dpone_dagster.spark import decode
-    from dpone_dagster.spark.kafka_reader import read_ranges
-
-    def extract(self: Any, spark: Any, boundary: Any, log: Any) -> Any:
-        tasks = split_into_tasks(boundary, self.options.records_per_task)
-        sample = self.sample_values(boundary) if boundary.total else []
-        envelope = self.resolve_envelope(sample)
-        schema = self._schema(sample, envelope)
-        raw = read_ranges(spark, tasks, self._reader_settings())
-        if merge_check and envelope == "flat":
-            df = decode_flat_with_unknown_flag(raw, schema)
-        else:
-            df = decode.decode_json(raw, schema, envelope)
-        return ExtractResult(df, schema, envelope, [f"envelope: {envelope}"], raw)
-
-    return extract
-
-
-def decode_flat_with_unknown_flag(raw: Any, schema: Any) -> Any:
-    """decode.decode_json for a flat envelope, plus the unknown-key flag folded into corrupt."""
-    from pyspark.sql import functions as F
-
-    from dpone_dagster import columns as C
-    from dpone_dagster.spark import decode
-
-    text = F.col("value").cast("string")
-    payload_fields = [f for f in schema.fields if f.name != C.OP]
-    parsed = F.from_json(text, decode.with_corrupt_field(schema), decode._JSON_OPTIONS)
-    known = F.array(*[F.lit(f.name) for f in schema.fields])
-    unknown = F.size(F.array_except(F.json_object_keys(text), known)) > 0
-    corrupt = F.coalesce(parsed.getField(C.CORRUPT), F.when(text.startswith("{") & unknown, text))
-    op = F.when(text.isNull(), F.lit(C.DELETE)).otherwise(F.lit(C.UPSERT))
-    return raw.select(
-        *[parsed.getField(f.name).alias(f.name) for f in payload_fields],
-        op.alias(C.OP),
-        F.col("topic").alias(C.SOURCE_TOPIC),
-        F.col("partition").alias(C.SOURCE_PARTITION),
-        F.col("offset").alias(C.SOURCE_OFFSET),
-        F.timestamp_millis(F.col("timestamp")).alias(C.SOURCE_TIMESTAMP),
-        F.col("key").alias(C.SOURCE_KEY),
-        F.col("headers").alias(C.SOURCE_HEADERS),
-        corrupt.alias(C.CORRUPT),
-        decode.source_order().alias(C.ORDER),
-    )
-
-
-def agg_dedupe(keyed: Any, policy: str) -> Any:
-    """One row per key by source order with a hash aggregate instead of a window over a sort."""
-    from pyspark.sql import functions as F
-
-    from dpone_dagster import columns as C
-    from dpone_dagster.spark.shape import KEY
-
-    others = [c for c in keyed.columns if c != KEY]
-    pick = F.max_by if policy == "keep_last" else F.min_by
-    kept = (
-        keyed.where(F.col(KEY).isNotNull())
-        .groupBy(KEY)
-        .agg(pick(F.struct(*[F.col(f"`{c}`") for c in others]), F.col(C.ORDER)).alias("__row"))
-        .select(KEY, *[F.col("__row").getField(c).alias(c) for c in others])
-        .select(*keyed.columns)
-    )
-    return kept.unionByName(keyed.where(F.col(KEY).isNull()))
-
-
 @contextmanager
 def variant(name: str, spark: Any) -> Iterator[dict[str, Any]]:
     """Apply a '+'-joined variant; yields the run_engine keyword overrides it needs."""
-    from bench import variants as V
-    from dpone_dagster.sources import kafka as source_kafka
-    from dpone_dagster.spark import shape
+    from dpone_dagster.engine import run as engine_run
 
     kwargs: dict[str, Any] = {"source_options": {}, "delivery": {}}
     with ExitStack() as stack:
         for part in name.split("+"):
             if part in ("baseline", ""):
                 continue
-            if part == "fast_reader":
-                stack.enter_context(V.patched(reader=True))
-            elif part == "fast_writer":
-                stack.enter_context(V.patched(writer=True))
-            elif part == "fast_loops":
-                stack.enter_context(V.patched(reader=True, writer=True))
-            elif part == "no_keys_pass":
-                stack.enter_context(_swap(source_kafka.KafkaBatchSource, "extract", _extract_variant(False)))
-            elif part == "keys_in_decode":
-                stack.enter_context(_swap(source_kafka.KafkaBatchSource, "extract", _extract_variant(True)))
-            elif part == "headers_empty":
-                from dpone_dagster.engine import run as engine_run
-
-                stack.enter_context(_swap(engine_run, "produce", V.produce_with_empty_headers))
-            elif part == "no_size_pass":
-                from dpone_dagster.engine import run as engine_run
-
-                stack.enter_context(
-                    _swap(engine_run, "_enforce_size_limit", lambda _m, messages, expected, *_a: (messages, expected))
-                )
-            elif part == "nocompress":
-                saved_c = spark.conf.get("spark.sql.inMemoryColumnarStorage.compressed")
-                spark.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "false")
-                stack.callback(spark.conf.set, "spark.sql.inMemoryColumnarStorage.compressed", saved_c)
+            if part == "window_dedupe":
+                stack.enter_context(_swap(engine_run, "BROADCAST_DEDUPE_KEYS", 0))
             elif part.startswith("conf:"):
                 key, _, value = part[5:].partition("=")
                 saved_v = spark.conf.get(key, None)
                 spark.conf.set(key, value)
                 stack.callback(lambda k=key, v=saved_v: spark.conf.unset(k) if v is None else spark.conf.set(k, v))
-            elif part == "agg_dedupe":
-                stack.enter_context(_swap(shape, "dedupe", agg_dedupe))
             elif part.startswith("rpt="):
                 kwargs["source_options"]["records_per_task"] = int(part[4:])
             elif part.startswith("bs="):
@@ -232,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.experiments", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--messages", type=int, default=500_000)
     p.add_argument("--partitions", type=int, default=6)
-    p.add_argument("--variants", default="baseline,fast_loops")
+    p.add_argument("--variants", default="baseline,window_dedupe")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--warmup", type=int, default=20_000, help="a small run first so JIT/worker start is not billed to the first variant")
     p.add_argument("--spark-conf", action="append", default=[], metavar="K=V")

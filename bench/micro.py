@@ -132,11 +132,17 @@ def main(argv: list[str] | None = None) -> int:
         if "cache" in only:
             spark.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "true")
 
-            def cached(level: Any = StorageLevel.MEMORY_AND_DISK) -> int:
+            def stored_mb() -> float:
+                infos = spark.sparkContext._jsc.sc().getRDDStorageInfo()
+                return sum(i.memSize() + i.diskSize() for i in infos) / 2**20
+
+            def cached(level: Any = StorageLevel.MEMORY_AND_DISK) -> dict[str, Any]:
+                before = stored_mb()
                 df = base.select("*", F.lit("x").alias("fresh")).persist(level)
                 n = df.count()
+                size = stored_mb() - before
                 df.unpersist(blocking=True)
-                return n
+                return {"rows": n, "cached_mb": round(size, 1)}
 
             _measure("count (no persist)", lambda: base.select("*", F.lit("x").alias("fresh")).count(), args.repeat, jvm, out)
             _measure("persist+count compressed", cached, args.repeat, jvm, out)

@@ -58,17 +58,17 @@ CREATE TABLE public.orders (
 FILL = """
 INSERT INTO public.orders
 SELECT i,
-       'c' || lpad(((i * 7919) % 10000000)::text, 7, '0'),
-       (ARRAY['created','paid','packed','shipped','delivered','cancelled'])[i % 6 + 1],
-       ((i * 37) % 5000) + (i % 100) / 100.0,
+       'c' || lpad(((i * 7919) %% 10000000)::text, 7, '0'),
+       (ARRAY['created','paid','packed','shipped','delivered','cancelled'])[i %% 6 + 1],
+       ((i * 37) %% 5000) + (i %% 100) / 100.0,
        'EUR',
-       1 + i % 9,
-       (ARRAY['web','app','store','partner'])[i % 4 + 1],
-       (ARRAY['DE','FR','NL','PL','ES','IT','SE','AT'])[i % 8 + 1],
-       timestamptz '2026-11-01 00:00:00+00' + (i % 86400000) * interval '1 millisecond',
-       'order ' || i || ' for customer ' || ((i * 7919) % 10000000),
+       1 + i %% 9,
+       (ARRAY['web','app','store','partner'])[i %% 4 + 1],
+       (ARRAY['DE','FR','NL','PL','ES','IT','SE','AT'])[i %% 8 + 1],
+       timestamptz '2026-11-01 00:00:00+00' + (i %% 86400000) * interval '1 millisecond',
+       'order ' || i || ' for customer ' || ((i * 7919) %% 10000000),
        timestamp '2026-11-01 00:00:00' + (i / 1000) * interval '1 second'
-FROM generate_series(0, %s - 1) AS i
+FROM generate_series(0::bigint, %s - 1) AS i
 """
 
 
@@ -91,7 +91,11 @@ def create_database(rows: int) -> tuple[str, float]:
         cur.execute(f'CREATE DATABASE "{name}"')
     admin.close()
     started = time.perf_counter()
-    fill_table(pg_connect(name), rows)
+    try:
+        fill_table(pg_connect(name), rows)
+    except BaseException:
+        drop_database(name)
+        raise
     return name, time.perf_counter() - started
 
 
@@ -174,7 +178,14 @@ def start_spark_with_jdbc(conf: dict[str, Any] | None = None) -> tuple[Any, dict
     return start_spark({**jars, **(conf or {})})
 
 
-def spark_jdbc_to_writer(spark: Any, database: str, bootstrap: str, topic: str, num_partitions: int, fetchsize: int = 10_000) -> dict[str, Any]:
+def spark_jdbc_to_writer(
+    spark: Any,
+    database: str,
+    bootstrap: str,
+    topic: str,
+    num_partitions: int,
+    fetchsize: int = 10_000,
+) -> dict[str, Any]:
     """JDBC read → the engine's message shape → kafka_writer.produce (no state, gates or dedupe)."""
     from pyspark.sql import functions as F
 
@@ -183,15 +194,18 @@ def spark_jdbc_to_writer(spark: Any, database: str, bootstrap: str, topic: str, 
     from dpone_dagster.spark.shape import JSON_WRITE_OPTIONS
 
     started = time.perf_counter()
-    reader = (
-        spark.read.format("jdbc")
-        .option("url", f"jdbc:postgresql://{PG_HOST}:{PG_PORT}/{database}")
-        .option("user", PG_USER)
-        .option("driver", "org.postgresql.Driver")
-        .option("fetchsize", str(fetchsize))
-    )
+    def jdbc() -> Any:
+        return (
+            spark.read.format("jdbc")
+            .option("url", f"jdbc:postgresql://{PG_HOST}:{PG_PORT}/{database}")
+            .option("user", PG_USER)
+            .option("driver", "org.postgresql.Driver")
+            .option("fetchsize", str(fetchsize))
+        )
+
+    reader = jdbc()
     if num_partitions > 1:
-        bounds = reader.option("query", "SELECT min(order_id) AS lo, max(order_id) AS hi FROM public.orders").load().first()
+        bounds = jdbc().option("query", "SELECT min(order_id) AS lo, max(order_id) AS hi FROM public.orders").load().first()
         reader = (
             reader.option("dbtable", "public.orders")
             .option("partitionColumn", "order_id")
@@ -206,8 +220,7 @@ def spark_jdbc_to_writer(spark: Any, database: str, bootstrap: str, topic: str, 
     messages = df.select(
         F.col("order_id").cast("string").cast("binary").alias("key"),
         F.to_json(F.struct(*payload), JSON_WRITE_OPTIONS).cast("binary").alias("value"),
-        # Non-null (empty) headers: see docs/performance.md, "Arrow transfer of null headers".
-        F.array().cast("array<struct<key:string,value:binary>>").alias("headers"),
+        F.lit(None).cast("array<struct<key:string,value:binary>>").alias("headers"),
         F.lit(-1).cast("int").alias("partition"),
         F.lit("upsert").alias("__dpone__op"),
     )
@@ -359,7 +372,12 @@ def run_bench(
             return round(phases[x]["msgs_per_s"] / phases[y]["msgs_per_s"], 3)
         return None
 
-    report["ratios"] = {"s/p": ratio("s", "p"), "e/p": ratio("e", "p"), "s/p2": ratio("s", "p2"), "e/p2": ratio("e", "p2")}
+    report["ratios"] = {
+        "s/p": ratio("s", "p"),
+        "e/p": ratio("e", "p"),
+        "s/p2": ratio("s", "p2"),
+        "e/p2": ratio("e", "p2"),
+    }
     return report
 
 
@@ -370,7 +388,12 @@ def print_report(report: dict[str, Any], out: Any = sys.stdout) -> None:
         w(f"  table fill (generate_series): {report['fill_seconds']} s\n")
     if report.get("spark_start"):
         w(f"  spark start: session {report['spark_start']['session_s']} s + first job {report['spark_start']['first_job_s']} s (not in s/e)\n")
-    labels = {"p": "(p) psycopg2+json.dumps", "p2": "(p2) psycopg2+row_to_json", "s": "(s) JDBC+writer", "e": "(e) run_pipeline"}
+    labels = {
+        "p": "(p) psycopg2+json.dumps",
+        "p2": "(p2) psycopg2+row_to_json",
+        "s": "(s) JDBC+writer",
+        "e": "(e) run_pipeline",
+    }
     w(f"  {'phase':<27}{'msgs/s':>9}{'seconds':>9}{'delivered':>10}{'in topic':>10}{'CPU s':>8}{'tree MB':>9}\n")
     for key, phase in report["phases"].items():
         if "skipped" in phase:
