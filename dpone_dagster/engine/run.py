@@ -256,6 +256,7 @@ def _run(
         ensure_sink_topic(sink_config, manifest.sink.topic, manifest.sink.options.create_topic)
 
     persisted: DataFrame | None = None  # what to unpersist; `staged` is the view of it in use
+    extracted = None
     try:
         with _stage(result, "extract", log):
             extracted = planned.source.extract(spark, planned.boundary, log)
@@ -290,6 +291,8 @@ def _run(
     finally:
         if persisted is not None:
             persisted.unpersist()
+        if extracted is not None and extracted.raw is not None:
+            extracted.raw.unpersist()  # registry formats keep the raw batch (schema ids, dead letters)
 
     with _stage(result, "commit", log):
         result.status = "success"
