@@ -57,7 +57,7 @@ from dpone_dagster.schema.registry import (
     unframe,
 )
 from dpone_dagster.spark.decode import decode_json
-from dpone_dagster.spark.kafka_reader import RAW_COLUMNS, ReaderSettings, read_ranges
+from dpone_dagster.spark.kafka_reader import RAW_SCHEMA, ReaderSettings, read_ranges
 from dpone_dagster.spark.kafka_writer import ProducerSettings, produce
 from dpone_dagster.spark.registry_codec import (
     KeyEncoding,
@@ -167,7 +167,7 @@ def collect_rows(df: DataFrame, schema: StructType) -> list[dict[str, Any]]:
 
 def raw_df(spark, values: list[bytes | None], topic: str = "src", partition: int = 0) -> DataFrame:
     rows = [(topic, partition, offset, 1_700_000_000_000 + offset, None, v, None) for offset, v in enumerate(values)]
-    return spark.createDataFrame(rows, RAW_COLUMNS)
+    return spark.createDataFrame(rows, RAW_SCHEMA)
 
 
 def ctx(topic: str, field: str = MessageField.VALUE) -> SerializationContext:

@@ -536,7 +536,7 @@ def _shape(
     )
     messages = shape.to_messages(keyed, sink, ctx, registry)
     try:
-        out, expected, persisted = _stage_messages(manifest, messages, None if deduplicated else keyed_rows, raw, sink_config, result)
+        out, expected, persisted = _stage_messages(manifest, messages, keyed_rows, deduplicated, raw, sink_config, result)
     finally:
         for frame in release:
             frame.unpersist()
@@ -555,9 +555,12 @@ def _keep_one_per_key(manifest: Manifest, keyed: DataFrame, policy: str) -> tupl
         return shape.dedupe(keyed, policy), None
     duplicated = shape.duplicated_keys(keyed).persist(StorageLevel.MEMORY_AND_DISK)
     count = duplicated.count()
-    if count == 0 or count > BROADCAST_DEDUPE_KEYS:
+    if count == 0:
         duplicated.unpersist()
-        return (keyed, None) if count == 0 else (shape.dedupe(keyed, policy), None)
+        return keyed, None
+    if count > BROADCAST_DEDUPE_KEYS:
+        duplicated.unpersist()
+        return shape.dedupe(keyed, policy), None
     winners = shape.duplicate_winners(keyed, duplicated, policy).persist(StorageLevel.MEMORY_AND_DISK)
     winners.count()
     duplicated.unpersist()
@@ -565,10 +568,16 @@ def _keep_one_per_key(manifest: Manifest, keyed: DataFrame, policy: str) -> tupl
 
 
 def _stage_messages(
-    manifest: Manifest, messages: DataFrame, expected: int | None, raw: DataFrame | None, sink_config: dict, result: RunResult
+    manifest: Manifest,
+    messages: DataFrame,
+    keyed_rows: int,
+    deduplicated: bool,
+    raw: DataFrame | None,
+    sink_config: dict,
+    result: RunResult,
 ) -> tuple[DataFrame, int, DataFrame]:
     """Encode every message once and keep it (the producer tasks read the kept copy), counting in
-    the same pass the messages (when de-duplication made the number unknown) and those over
+    the same pass the messages (what de-duplication kept of `keyed_rows`) and those over
     message.max.bytes, which are found before producing (brokers may not enforce it).
     Returns (messages, expected count, the persisted frame to release after producing)."""
     limit = int(producer_config(sink_config, manifest.sink.options.delivery).get("message.max.bytes", 1_000_000))
@@ -579,11 +588,10 @@ def _stage_messages(
     )
     sized = messages.withColumn("__size", size).persist(StorageLevel.MEMORY_AND_DISK)
     counts = sized.agg(F.count(F.lit(1)).alias("n"), F.sum(F.when(F.col("__size") > limit, 1).otherwise(0)).alias("large")).first()
-    if expected is None:
-        result.duplicates_removed = (
-            result.rows_extracted - result.deletes_skipped - result.rows_dead_lettered - result.rows_skipped - int(counts["n"])
-        )
-        expected = int(counts["n"])
+    # Without de-duplication the accounting is the expectation (reconciliation cross-checks it).
+    expected = int(counts["n"]) if deduplicated else keyed_rows
+    if deduplicated:
+        result.duplicates_removed = keyed_rows - expected
     too_large = int(counts["large"] or 0)
     if not too_large:
         return sized.drop("__size"), expected, sized

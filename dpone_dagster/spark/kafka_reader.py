@@ -7,6 +7,7 @@ driver-local state: everything it needs travels in the pickled closure.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +27,6 @@ from pyspark.sql.types import (
 
 from dpone_dagster.kafka.boundary import ReadTask
 from dpone_dagster.spark import arrow_json
-
-RAW_COLUMNS = "topic string, partition int, offset long, timestamp long, key binary, value binary, headers array<struct<key:string,value:binary>>"
 
 RAW_SCHEMA = StructType(
     [
@@ -82,18 +81,14 @@ def read_ranges(spark: SparkSession, tasks: list[ReadTask], settings: ReaderSett
     values: columns `json_column(i)` per schema field and `JSON_OK` (false where the batch is left
     to the JVM decoder)."""
     if not tasks:
-        return spark.createDataFrame([], RAW_COLUMNS)
+        return spark.createDataFrame([], RAW_SCHEMA)
     specs = [(t.topic, t.partition, t.start, t.end) for t in tasks]
-    decode_schema = arrow_json.arrow_schema(json_schema) if json_schema is not None else None
-    output: StructType | str = RAW_COLUMNS
-    if decode_schema is not None and json_schema is not None:
-        output = StructType(
-            [
-                *RAW_SCHEMA.fields,
-                *[StructField(json_column(i), f.dataType, True) for i, f in enumerate(json_schema.fields)],
-                StructField(JSON_OK, BooleanType(), False),
-            ]
-        )
+    output, decode_schema = RAW_SCHEMA, None
+    if json_schema is not None:
+        decode_schema = arrow_json.arrow_schema(json_schema)
+        if decode_schema is not None:
+            decoded = [StructField(json_column(i), f.dataType, True) for i, f in enumerate(json_schema.fields)]
+            output = StructType([*RAW_SCHEMA.fields, *decoded, StructField(JSON_OK, BooleanType(), False)])
 
     def read_tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -165,7 +160,7 @@ def _read_one_range(settings: ReaderSettings, topic: str, partition: int, start:
                 messages = [m for m in messages if m.error() is None]
             if messages:
                 if messages[-1].offset() >= end:
-                    messages = messages[: _first_at_or_after(messages, end)]
+                    messages = messages[: bisect.bisect_left(messages, end, key=_offset)]
                     position = end
                 if messages:
                     pending.extend(messages)
@@ -192,16 +187,8 @@ def _read_one_range(settings: ReaderSettings, topic: str, partition: int, start:
         consumer.close()
 
 
-def _first_at_or_after(messages: list[Any], end: int) -> int:
-    """Index of the first message with offset >= end (offsets rise within a partition)."""
-    lo, hi = 0, len(messages)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if messages[mid].offset() < end:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+def _offset(message: Any) -> int:
+    return message.offset()
 
 
 def _to_batch(messages: list[Any], topic: str, partition: int) -> pa.RecordBatch:
