@@ -121,8 +121,11 @@ def produce_json(
     assert producer.flush(30) == 0
 
 
-def consume_all(bootstrap: str, topic: str, timeout_s: float = 20.0) -> list[dict[str, Any]]:
-    """Every record of the topic (all partitions), read until each partition reports EOF."""
+def consume_raw(bootstrap: str, topic: str, isolation: str = "read_committed", timeout_s: float = 20.0) -> list[dict[str, Any]]:
+    """Every record of `topic` (all partitions) with raw bytes, headers and timestamps, read until
+    each partition reports EOF."""
+    import time
+
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -130,13 +133,12 @@ def consume_all(bootstrap: str, topic: str, timeout_s: float = 20.0) -> list[dic
             "enable.partition.eof": True,
             "enable.auto.commit": False,
             "allow.auto.create.topics": False,
+            "isolation.level": isolation,
         }
     )
     partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
     consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
     pending, out = set(partitions), []
-    import time
-
     deadline = time.monotonic() + timeout_s
     while pending and time.monotonic() < deadline:
         for m in consumer.consume(1000, 0.5):
@@ -148,15 +150,28 @@ def consume_all(bootstrap: str, topic: str, timeout_s: float = 20.0) -> list[dic
                 {
                     "partition": m.partition(),
                     "offset": m.offset(),
-                    "key": m.key().decode() if m.key() is not None else None,
-                    "value": json.loads(m.value()) if m.value() is not None else None,
-                    "headers": dict((k, v.decode()) for k, v in (m.headers() or [])),
+                    "key": m.key(),
+                    "value": m.value(),
+                    "headers": m.headers() or [],
                     "timestamp": m.timestamp()[1],
                 }
             )
     consumer.close()
     assert not pending, f"partitions {pending} of {topic} did not reach EOF"
     return out
+
+
+def consume_all(bootstrap: str, topic: str, timeout_s: float = 20.0) -> list[dict[str, Any]]:
+    """Every record of the topic: key as text, value as parsed JSON, headers as a dict of text."""
+    return [
+        {
+            **r,
+            "key": r["key"].decode() if r["key"] is not None else None,
+            "value": json.loads(r["value"]) if r["value"] is not None else None,
+            "headers": {k: v.decode() for k, v in r["headers"]},
+        }
+        for r in consume_raw(bootstrap, topic, timeout_s=timeout_s)
+    ]
 
 
 def write_manifest(path: Path, text: str) -> Path:

@@ -19,8 +19,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-from conftest import create_topic, produce_json, unique_topic
+from confluent_kafka import Consumer, KafkaError, Producer
+from conftest import consume_raw, create_topic, produce_json, unique_topic
 
 from dpone_dagster.errors import ConfigError, RunFailed
 from dpone_dagster.kafka.boundary import Watermarks
@@ -254,43 +254,6 @@ def replication_manifest(
             "sink": sink,
         }
     )
-
-
-def consume_raw(bootstrap: str, topic: str, isolation: str = "read_committed", timeout_s: float = 20.0) -> list[dict[str, Any]]:
-    """Every record of `topic` (all partitions) with raw bytes, headers and timestamps."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"reader-{uuid.uuid4().hex[:6]}",
-            "enable.partition.eof": True,
-            "enable.auto.commit": False,
-            "allow.auto.create.topics": False,
-            "isolation.level": isolation,
-        }
-    )
-    partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    pending, out = set(partitions), []
-    deadline = time.monotonic() + timeout_s
-    while pending and time.monotonic() < deadline:
-        for m in consumer.consume(1000, 0.5):
-            if m.error():
-                if m.error().code() == KafkaError._PARTITION_EOF:
-                    pending.discard(m.partition())
-                continue
-            out.append(
-                {
-                    "partition": m.partition(),
-                    "offset": m.offset(),
-                    "key": m.key(),
-                    "value": m.value(),
-                    "headers": m.headers() or [],
-                    "timestamp": m.timestamp()[1],
-                }
-            )
-    consumer.close()
-    assert not pending, f"partitions {pending} of {topic} did not reach EOF"
-    return out
 
 
 def control_offsets(bootstrap: str, control_topic: str, group: str, transaction_timeout_ms: int = 60_000) -> dict[tuple[str, int], int]:
