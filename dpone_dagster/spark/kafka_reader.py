@@ -79,7 +79,8 @@ def read_ranges(spark: SparkSession, tasks: list[ReadTask], settings: ReaderSett
 
     With `json_schema` (flat JSON values, types `arrow_json` supports) the tasks also decode the
     values: columns `json_column(i)` per schema field and `JSON_OK` (false where the batch is left
-    to the JVM decoder)."""
+    to the JVM decoder). A decoded record's value is not sent to the JVM again: it arrives empty
+    (a tombstone stays null)."""
     if not tasks:
         return spark.createDataFrame([], RAW_SCHEMA)
     specs = [(t.topic, t.partition, t.start, t.end) for t in tasks]
@@ -104,12 +105,22 @@ def reads_decoded(df: DataFrame) -> bool:
 
 
 def _with_decoded(raw: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    decoded = arrow_json.decode_values(raw.column(5), schema)
+    values = raw.column(5)
+    decoded = arrow_json.decode_values(values, schema)
     ok = decoded is not None
     columns = decoded if decoded is not None else [pa.nulls(raw.num_rows, f.type) for f in schema]
     names = [*raw.schema.names, *[json_column(i) for i in range(len(schema))], JSON_OK]
     flags = pa.array([ok] * raw.num_rows, pa.bool_())
-    return pa.RecordBatch.from_arrays([*raw.columns, *columns, flags], names=names)
+    # Half the bytes a read task hands to the JVM are values; decoded ones are not needed there.
+    raw_columns = [*raw.columns[:5], _emptied(values), *raw.columns[6:]] if ok else raw.columns
+    return pa.RecordBatch.from_arrays([*raw_columns, *columns, flags], names=names)
+
+
+def _emptied(values: pa.Array) -> pa.Array:
+    """`values` with every non-null value empty (nulls — tombstones — kept)."""
+    validity = values.buffers()[0]
+    offsets = pa.py_buffer(bytes(4 * (values.offset + len(values) + 1)))
+    return pa.Array.from_buffers(pa.binary(), len(values), [validity, offsets, pa.py_buffer(b"")], values.null_count, values.offset)
 
 
 def _consumer_config(settings: ReaderSettings) -> dict[str, Any]:
