@@ -113,6 +113,21 @@ def test_message_too_large_is_caught_before_producing(broker, spark, kafka_env, 
     assert result.rows_skipped == 1 and [r["value"]["order_id"] for r in consume_all(bs, dst)] == [1]
 
 
+def test_messages_near_the_limit_are_measured_exactly(broker, spark, kafka_env, tmp_path):
+    """The size bound (6 bytes per string byte) exceeds the limit here while no message does: the
+    run measures the encoded messages, finds none too large and delivers all, de-duplicated."""
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("near"), unique_topic("nearout")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    rows = [{"order_id": 1, "blob": "a" * 1500}, {"order_id": 2, "blob": "b" * 1500}, {"order_id": 1, "blob": "c" * 1500}]
+    produce_json(bs, src, rows, partition=0)
+    text = manifest(src, dst, tmp_path).replace("message.timeout.ms: 5000", "message.timeout.ms: 5000, message.max.bytes: 2000")
+    result = run_pipeline(parse_manifest(text), spark)
+    assert (result.messages_produced, result.duplicates_removed, result.rows_skipped) == (2, 1, 0)
+    assert sorted((r["value"]["order_id"], r["value"]["blob"][0]) for r in consume_all(bs, dst)) == [(1, "c"), (2, "b")]
+
+
 def test_two_runs_of_one_pipeline_never_overlap(broker, spark, kafka_env, tmp_path):
     bs = broker.bootstrap_servers
     src, dst = unique_topic("lock"), unique_topic("lockout")

@@ -89,9 +89,11 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
     return result
 
 
-def _stage_batch(df: DataFrame) -> tuple[DataFrame, Any]:
-    """Persist the extracted batch (the one pass over the source) and count it."""
-    persisted = df.persist(StorageLevel.MEMORY_AND_DISK)
+def _stage_batch(extracted: Any) -> tuple[DataFrame, DataFrame, Any]:
+    """Persist the extracted batch (the one pass over the source) and count it. Returns the
+    persisted frame, the batch as read from it (rebuildable columns added back) and the counts."""
+    df = extracted.df
+    persisted = df.drop(*extracted.rebuildable).persist(StorageLevel.MEMORY_AND_DISK)
     drift = C.UNKNOWN_KEYS in df.columns
     counts = persisted.agg(
         F.count(F.lit(1)).alias("rows"),
@@ -99,7 +101,7 @@ def _stage_batch(df: DataFrame) -> tuple[DataFrame, Any]:
         F.sum(F.when(F.col(C.OP) == C.DELETE, 1).otherwise(0)).alias("deletes"),
         (F.count(F.col(C.UNKNOWN_KEYS)) if drift else F.lit(0)).alias("unknown"),
     ).first()
-    return persisted, counts
+    return persisted, persisted.withColumns(extracted.rebuildable), counts
 
 
 def _write_artifacts(manifest: Manifest, result: RunResult, log: Log) -> None:
@@ -260,13 +262,13 @@ def _run(
     try:
         with _stage(result, "extract", log):
             extracted = planned.source.extract(spark, planned.boundary, log)
-            persisted, counts = _stage_batch(extracted.df)
+            persisted, staged, counts = _stage_batch(extracted)
             if counts["unknown"]:
                 # Records with keys the schema sample missed: widen the schema, read again.
                 extracted = planned.source.widen(spark, planned.boundary, extracted, persisted, log)
                 persisted.unpersist()
-                persisted, counts = _stage_batch(extracted.df)
-            staged = persisted.drop(C.UNKNOWN_KEYS, C.UNKNOWN_TEXT)
+                persisted, staged, counts = _stage_batch(extracted)
+            staged = staged.drop(C.UNKNOWN_KEYS, C.UNKNOWN_TEXT)
             result.notes.extend(extracted.notes)
             result.rows_extracted = int(counts["rows"])
             corrupt = int(counts["corrupt"])
@@ -383,12 +385,14 @@ def _shape_and_load(
     result: RunResult,
     log: Log,
 ) -> None:
-    with _stage(result, "shape", log):
-        messages, expected, persisted = _shape(manifest, staged, deletes, raw, sink_config, result)
+    release: list[DataFrame] = []  # frames persisted while shaping, kept until the producer is done
     try:
+        with _stage(result, "shape", log):
+            messages, expected = _shape(manifest, staged, deletes, raw, sink_config, result, release)
         _load(manifest, messages, expected, sink_config, result, log)
     finally:
-        persisted.unpersist()
+        for frame in release:
+            frame.unpersist()
 
 
 def _load(manifest: Manifest, messages: DataFrame, expected: int, sink_config: dict, result: RunResult, log: Log) -> None:
@@ -477,10 +481,17 @@ def _corrupt_reason() -> Column:
 
 
 def _shape(
-    manifest: Manifest, staged: DataFrame, deletes: int, raw: DataFrame | None, sink_config: dict, result: RunResult
-) -> tuple[DataFrame, int, DataFrame]:
+    manifest: Manifest,
+    staged: DataFrame,
+    deletes: int,
+    raw: DataFrame | None,
+    sink_config: dict,
+    result: RunResult,
+    release: list[DataFrame],
+) -> tuple[DataFrame, int]:
     """Apply key, delete policy, bad-key policy, duplicate policy and the size limit; returns
-    (messages, expected message count, persisted frame to release). Nothing is produced here."""
+    (messages, expected message count). Nothing is produced here; frames persisted on the way are
+    appended to `release`."""
     sink = manifest.sink
     options = sink.options
     batch = staged
@@ -493,25 +504,27 @@ def _shape(
         batch = batch.where(F.col(C.OP) != C.DELETE)
         result.deletes_skipped = deletes
     keyed = shape.sink_key(batch, sink)
-    if options.deletes.tombstone:
-        missing = keyed.where((F.col(C.OP) == C.DELETE) & F.col(shape.KEY).isNull()).count()
-        if missing:
-            raise RunFailed(f"{missing} delete(s) have no key, so no tombstone can be produced; check unique_key")
-    key_columns = sink.strategy.unique_key_columns
-    if options.key.mode == "unique_key" and key_columns:
-        keyless = keyed.where((F.col(C.OP) == C.UPSERT) & F.col(shape.KEY).isNull())
-        count = keyless.count()
-        if count:
-            bad = keyless.select(
-                F.col(C.SOURCE_PARTITION).alias("partition"),
-                F.col(C.SOURCE_OFFSET).alias("offset"),
-                F.lit(f"missing unique key {list(key_columns)}").alias("reason"),
-            )
-            handle_bad_records(manifest, bad, count, raw, sink_config, result, "record(s) have no unique key")
-            keyed = keyed.where(~((F.col(C.OP) == C.UPSERT) & F.col(shape.KEY).isNull()))
+    ctx = shape.ShapeContext(
+        pipeline=manifest.name,
+        run_id=result.run_id,
+        strategy=sink.strategy.mode,
+        source_fields={"topic": manifest.source.topic} if isinstance(manifest.source, KafkaSource) else {},
+    )
+    facts = _batch_facts(manifest, keyed, ctx)
+    if facts["keyless_deletes"]:
+        raise RunFailed(f"{facts['keyless_deletes']} delete(s) have no key, so no tombstone can be produced; check unique_key")
+    keyless = facts["keyless_upserts"]
+    if keyless:
+        bad = keyed.where((F.col(C.OP) == C.UPSERT) & F.col(shape.KEY).isNull()).select(
+            F.col(C.SOURCE_PARTITION).alias("partition"),
+            F.col(C.SOURCE_OFFSET).alias("offset"),
+            F.lit(f"missing unique key {list(sink.strategy.unique_key_columns)}").alias("reason"),
+        )
+        handle_bad_records(manifest, bad, keyless, raw, sink_config, result, "record(s) have no unique key")
+        keyed = keyed.where(~((F.col(C.OP) == C.UPSERT) & F.col(shape.KEY).isNull()))
     keyed_rows = result.rows_extracted - result.deletes_skipped - result.rows_dead_lettered - result.rows_skipped
+    removed: int | None = 0  # rows de-duplication drops (None: known only by counting the result)
     deduplicated = False
-    release: list[DataFrame] = []  # persisted helpers to free after producing
     if sink.strategy.mode in shape.DEDUPE_MODES and options.key.mode == "unique_key":
         policy = sink.strategy.duplicate_policy
         if policy == "fail":
@@ -522,25 +535,38 @@ def _shape(
                     f"(e.g. {sample}); nothing was produced. Use keep_last/keep_first to keep one row per key"
                 )
         elif policy in ("keep_last", "keep_first"):
-            keyed, winners = _keep_one_per_key(manifest, keyed, policy)
+            keyed, removed = _keep_one_per_key(manifest, keyed, policy, release)
             deduplicated = True
-            release.extend([winners] if winners is not None else [])
     if options.key.mode == "unique_key" and not shape.uses_dedupe(sink):
         keyed = shape.ordered_by_key(keyed)
     registry = _registry_plan(manifest, keyed, result)
-    ctx = shape.ShapeContext(
-        pipeline=manifest.name,
-        run_id=result.run_id,
-        strategy=sink.strategy.mode,
-        source_fields={"topic": manifest.source.topic} if isinstance(manifest.source, KafkaSource) else {},
-    )
     messages = shape.to_messages(keyed, sink, ctx, registry)
-    try:
-        out, expected, persisted = _stage_messages(manifest, messages, keyed_rows, deduplicated, raw, sink_config, result)
-    finally:
-        for frame in release:
-            frame.unpersist()
-    return out, expected, persisted
+    limit = int(producer_config(sink_config, options.delivery).get("message.max.bytes", 1_000_000))
+    bound = facts["size_bound"]
+    if removed is not None and bound is not None and bound <= limit:
+        # No message can be over the limit and the count is known: the producer tasks encode.
+        if deduplicated:
+            result.duplicates_removed = removed
+        return messages, keyed_rows - removed
+    return _stage_messages(manifest, messages, limit, keyed_rows, deduplicated, raw, sink_config, result, release)
+
+
+def _batch_facts(manifest: Manifest, keyed: DataFrame, ctx: shape.ShapeContext) -> dict[str, Any]:
+    """One pass over the keyed batch: deletes without a key (tombstones need one), upserts
+    without their unique key, and the bound on message sizes (JSON sinks; None when unknown)."""
+    sink = manifest.sink
+    key_missing = F.col(shape.KEY).isNull()
+    facts: dict[str, Column] = {}
+    if sink.options.deletes.tombstone:
+        facts["keyless_deletes"] = F.count(F.when((F.col(C.OP) == C.DELETE) & key_missing, 1))
+    if sink.options.key.mode == "unique_key" and sink.strategy.unique_key_columns:
+        facts["keyless_upserts"] = F.count(F.when((F.col(C.OP) == C.UPSERT) & key_missing, 1))
+    if not _writes_registry_format(manifest):
+        bound = shape.message_size_bound(keyed, sink, ctx)
+        if bound is not None:
+            facts["size_bound"] = F.max(bound)
+    row = keyed.agg(*[column.alias(name) for name, column in facts.items()]).first().asDict() if facts else {}
+    return {"keyless_deletes": 0, "keyless_upserts": 0, "size_bound": None, **row}
 
 
 # Duplicated keys up to this many are resolved with a broadcast of (key, winning order); more
@@ -548,45 +574,46 @@ def _shape(
 BROADCAST_DEDUPE_KEYS = 1_000_000
 
 
-def _keep_one_per_key(manifest: Manifest, keyed: DataFrame, policy: str) -> tuple[DataFrame, DataFrame | None]:
-    """keep_last / keep_first. Returns the de-duplicated rows and a persisted helper to release."""
+def _keep_one_per_key(manifest: Manifest, keyed: DataFrame, policy: str, release: list[DataFrame]) -> tuple[DataFrame, int | None]:
+    """keep_last / keep_first: the de-duplicated rows and how many rows were dropped (None when
+    only counting the result tells)."""
     if not isinstance(manifest.source, KafkaSource):
         # SQL source orders (watermark, key) can tie; the window picks exactly one row.
         return shape.dedupe(keyed, policy), None
     duplicated = shape.duplicated_keys(keyed).persist(StorageLevel.MEMORY_AND_DISK)
-    count = duplicated.count()
-    if count == 0:
+    counts = duplicated.agg(F.count(F.lit(1)).alias("keys"), F.sum(F.col("count") - 1).alias("dropped")).first()
+    keys, dropped = int(counts["keys"]), int(counts["dropped"] or 0)
+    if keys == 0:
         duplicated.unpersist()
-        return keyed, None
-    if count > BROADCAST_DEDUPE_KEYS:
+        return keyed, 0
+    if keys > BROADCAST_DEDUPE_KEYS:
         duplicated.unpersist()
-        return shape.dedupe(keyed, policy), None
+        return shape.dedupe(keyed, policy), dropped
     winners = shape.duplicate_winners(keyed, duplicated, policy).persist(StorageLevel.MEMORY_AND_DISK)
     winners.count()
     duplicated.unpersist()
-    return shape.keep_winners(keyed, winners), winners
+    release.append(winners)
+    return shape.keep_winners(keyed, winners), dropped
 
 
 def _stage_messages(
     manifest: Manifest,
     messages: DataFrame,
+    limit: int,
     keyed_rows: int,
     deduplicated: bool,
     raw: DataFrame | None,
     sink_config: dict,
     result: RunResult,
-) -> tuple[DataFrame, int, DataFrame]:
+    release: list[DataFrame],
+) -> tuple[DataFrame, int]:
     """Encode every message once and keep it (the producer tasks read the kept copy), counting in
     the same pass the messages (what de-duplication kept of `keyed_rows`) and those over
     message.max.bytes, which are found before producing (brokers may not enforce it).
-    Returns (messages, expected count, the persisted frame to release after producing)."""
-    limit = int(producer_config(sink_config, manifest.sink.options.delivery).get("message.max.bytes", 1_000_000))
-    size = (
-        F.coalesce(F.length("key"), F.lit(0))
-        + F.coalesce(F.length("value"), F.lit(0))
-        + F.coalesce(F.aggregate(F.col("headers"), F.lit(0), lambda acc, h: acc + F.length(h["key"]) + F.coalesce(F.length(h["value"]), F.lit(0))), F.lit(0))
-    )
+    Returns (messages, expected count)."""
+    size = shape.message_size(F.col("key"), F.octet_length("value"), F.col("headers"))
     sized = messages.withColumn("__size", size).persist(StorageLevel.MEMORY_AND_DISK)
+    release.append(sized)
     counts = sized.agg(F.count(F.lit(1)).alias("n"), F.sum(F.when(F.col("__size") > limit, 1).otherwise(0)).alias("large")).first()
     # Without de-duplication the accounting is the expectation (reconciliation cross-checks it).
     expected = int(counts["n"]) if deduplicated else keyed_rows
@@ -594,25 +621,27 @@ def _stage_messages(
         result.duplicates_removed = keyed_rows - expected
     too_large = int(counts["large"] or 0)
     if not too_large:
-        return sized.drop("__size"), expected, sized
+        return sized.drop("__size"), expected
     bad = sized.where(F.col("__size") > limit).select(
         F.col(C.SOURCE_PARTITION).alias("partition"),
         F.col(C.SOURCE_OFFSET).alias("offset"),
         F.concat(F.lit("message of "), F.col("__size").cast("string"), F.lit(f" bytes exceeds message.max.bytes {limit}")).alias("reason"),
     )
-    try:
-        handle_bad_records(manifest, bad, too_large, raw, sink_config, result, f"message(s) exceed message.max.bytes {limit}")
-    except BaseException:
-        sized.unpersist()
-        raise
-    return sized.where(F.col("__size") <= limit).drop("__size"), expected - too_large, sized
+    handle_bad_records(manifest, bad, too_large, raw, sink_config, result, f"message(s) exceed message.max.bytes {limit}")
+    return sized.where(F.col("__size") <= limit).drop("__size"), expected - too_large
+
+
+def _writes_registry_format(manifest: Manifest) -> bool:
+    from dpone_dagster.sinks.registry import REGISTRY_FORMATS
+
+    return manifest.sink.options.message_format in REGISTRY_FORMATS
 
 
 def _registry_plan(manifest: Manifest, keyed: DataFrame, result: RunResult) -> Any:
     """Schema evolution against the sink subject (registry formats); None for JSON sinks."""
-    from dpone_dagster.sinks.registry import REGISTRY_FORMATS, plan_registry_write
+    from dpone_dagster.sinks.registry import plan_registry_write
 
-    if manifest.sink.options.message_format not in REGISTRY_FORMATS:
+    if not _writes_registry_format(manifest):
         result.schema_evolution = {"target": "no registry: the target side of schema evolution is a no-op"}
         return None
     payload = StructType([f for f in keyed.schema.fields if f.name in C.payload_columns(keyed.columns) and f.name != shape.KEY])

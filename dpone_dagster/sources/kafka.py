@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -52,6 +52,8 @@ class ExtractResult:
     notes: list[str] = field(default_factory=list)
     # The raw records (re-readable: the boundary is fixed), for dead-lettering bad ones.
     raw: DataFrame | None = None
+    # Columns of `df` that the others determine: the engine keeps the batch without them.
+    rebuildable: dict[str, Column] = field(default_factory=dict)
 
 
 def default_group_id(manifest: Manifest) -> str:
@@ -173,7 +175,7 @@ class KafkaBatchSource:
         # Flat JSON is decoded in the read tasks where pyarrow can (spark/arrow_json.py).
         raw = read_ranges(spark, tasks, settings, schema if envelope == "flat" else None)
         df = decode.decode_json(raw, schema, envelope, detect_unknown=detect)
-        return ExtractResult(df, schema, envelope, notes, read_ranges(spark, tasks, settings))
+        return ExtractResult(df, schema, envelope, notes, read_ranges(spark, tasks, settings), decode.rebuildable_columns(self.topic))
 
     def widen(self, spark: SparkSession, boundary: Boundary, extracted: ExtractResult, staged: DataFrame, log: Log) -> ExtractResult:
         """Re-extract with the schema widened by the keys `staged` reports in C.UNKNOWN_KEYS (types
@@ -230,7 +232,8 @@ class KafkaBatchSource:
         unknown = sorted(set(ids) - set(schemas))
         if unknown:
             notes.append(f"unknown schema id(s) {unknown}: their records are reported as undecodable")
-        return ExtractResult(decode_registry(raw, fmt, schemas, schema, references), schema, "flat", notes, raw)
+        df = decode_registry(raw, fmt, schemas, schema, references)
+        return ExtractResult(df, schema, "flat", notes, raw, decode.rebuildable_columns(self.topic))
 
     def _registry_schema(self, fmt: str, schemas: dict[int, tuple[str, str]], references: Any) -> StructType:
         """The payload schema: declared in the manifest, or the union of the batch's registered
@@ -261,15 +264,12 @@ class KafkaBatchSource:
         ranges = [r for r in boundary.ranges if r.size]
         per_partition = max(1, wanted // max(1, len(ranges)))
         consumer = inspect.make_consumer(self.client_config, self.group_id)
-        values: list[Any] = []
         try:
-            for r in ranges:
-                for value in _read_some(consumer, self.topic, r.partition, r.start, min(per_partition, r.size), r.end):
-                    if value is not None:
-                        values.append(_loads(value))
+            wanted = {r.partition: (r.start, min(per_partition, r.size), r.end) for r in ranges}
+            sampled = _read_samples(consumer, self.topic, wanted)
         finally:
             consumer.close()
-        return values
+        return [_loads(value) for r in ranges for value in sampled[r.partition] if value is not None]
 
     def resolve_envelope(self, sample: list[Any]) -> str:
         if self.options.envelope != "auto":
@@ -294,29 +294,38 @@ class KafkaBatchSource:
         return infer_schema(rows)
 
 
-def _read_some(consumer: Any, topic: str, partition: int, start: int, count: int, end: int) -> list[bytes | None]:
-    """Values of up to `count` records from `start`, never past `end`."""
+def _read_samples(consumer: Any, topic: str, wanted: dict[int, tuple[int, int, int]]) -> dict[int, list[bytes | None]]:
+    """Values of up to `count` records from `start` of each partition (`wanted`: partition ->
+    (start, count, end)), never past `end`. All partitions are fetched at once; a partition is
+    paused as soon as it has its share."""
     from confluent_kafka import KafkaError, TopicPartition
 
-    consumer.assign([TopicPartition(topic, partition, start)])
-    out: list[bytes | None] = []
+    out: dict[int, list[bytes | None]] = {p: [] for p in wanted}
+    pending = {p for p, (_, count, _) in wanted.items() if count > 0}
+    consumer.assign([TopicPartition(topic, p, wanted[p][0]) for p in sorted(pending)])
     empty = 0
     try:
-        while len(out) < count and empty < 20:
-            messages = consumer.consume(num_messages=min(count - len(out), 10_000), timeout=0.5)
-            if not messages:
-                empty += 1
+        while pending and empty < 20:
+            messages = consumer.consume(num_messages=10_000, timeout=0.5)
+            empty = 0 if messages else empty + 1
+            done: set[int] = set()
             for message in messages:
                 err = message.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        return out
-                    raise RunFailed(f"{topic}[{partition}]: fetch failed while sampling: {err}")
-                if message.offset() >= end:
-                    return out
-                out.append(message.value())
-                if len(out) >= count:
-                    break
+                if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                    raise RunFailed(f"{topic}[{message.partition()}]: fetch failed while sampling: {err}")
+                partition = message.partition()
+                if partition not in pending or partition in done:
+                    continue
+                _, count, end = wanted[partition]
+                if err is not None or message.offset() >= end:
+                    done.add(partition)
+                    continue
+                out[partition].append(message.value())
+                if len(out[partition]) >= count:
+                    done.add(partition)
+            if done:
+                pending -= done
+                consumer.pause([TopicPartition(topic, p) for p in sorted(done)])
     finally:
         consumer.unassign()
     return out

@@ -106,3 +106,15 @@ def decoded_columns(data: Column, payload_fields: list[StructField], op: Column,
 def source_order() -> Column:
     """Source order across partitions: record timestamp, then partition and offset."""
     return F.struct(F.col("timestamp").alias("ts"), F.col("partition").alias("p"), F.col("offset").alias("o"))
+
+
+def rebuildable_columns(topic: str) -> dict[str, Column]:
+    """Metadata of a decoded batch of one topic that other columns determine: the topic itself
+    and the source order. Kept batches leave them out and add them back when read (smaller,
+    cheaper to build)."""
+    order = F.struct(
+        F.unix_millis(F.col(C.SOURCE_TIMESTAMP)).alias("ts"),
+        F.col(C.SOURCE_PARTITION).alias("p"),
+        F.col(C.SOURCE_OFFSET).alias("o"),
+    )
+    return {C.SOURCE_TOPIC: F.lit(topic), C.ORDER: order}

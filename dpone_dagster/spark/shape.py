@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 from dpone_dagster import columns as C
 from dpone_dagster.errors import ConfigError
 from dpone_dagster.manifest.models import KafkaSink
+from dpone_dagster.spark.json_size import length_bound
 
 if TYPE_CHECKING:
     from dpone_dagster.sinks.registry import RegistryWritePlan
@@ -96,15 +97,15 @@ WINNER = "__dpone__winner"
 
 
 def duplicated_keys(keyed: DataFrame) -> DataFrame:
-    """Keys occurring more than once. A hash aggregate of the keys alone (fixed-width buffer,
-    map-side pre-aggregation): the rows are not shuffled."""
-    return keyed.where(F.col(KEY).isNotNull()).groupBy(KEY).count().where(F.col("count") > 1).select(KEY)
+    """Keys occurring more than once, with their `count`. A hash aggregate of the keys alone
+    (fixed-width buffer, map-side pre-aggregation): the rows are not shuffled."""
+    return keyed.where(F.col(KEY).isNotNull()).groupBy(KEY).count().where(F.col("count") > 1)
 
 
 def duplicate_winners(keyed: DataFrame, duplicated: DataFrame, policy: str) -> DataFrame:
     """Per duplicated key (a broadcast set): the source order of the row to keep."""
     order = F.max(C.ORDER) if policy == "keep_last" else F.min(C.ORDER)
-    rows = keyed.join(F.broadcast(duplicated), on=KEY, how="left_semi")
+    rows = keyed.join(F.broadcast(duplicated.select(KEY)), on=KEY, how="left_semi")
     return rows.groupBy(KEY).agg(order.alias(WINNER))
 
 
@@ -123,26 +124,46 @@ def dedupe(keyed: DataFrame, policy: str) -> DataFrame:
     return with_key.unionByName(keyed.where(F.col(KEY).isNull()))
 
 
+def _value_struct(keyed: DataFrame, sink: KafkaSink, ctx: ShapeContext) -> Column:
+    """What a JSON message value encodes: the payload, or the dpone envelope around it."""
+    payload = [c for c in C.payload_columns(keyed.columns) if c != KEY]
+    data = F.struct(*[F.col(c) for c in payload])
+    if sink.options.envelope != "dpone":
+        return data
+    return F.struct(
+        F.col(C.OP).alias("op"),
+        data.alias("data"),
+        F.struct(F.lit(ctx.strategy).alias("strategy"), F.lit(ctx.run_id).alias("run_id")).alias("metadata"),
+        F.struct(*[F.lit(v).alias(k) for k, v in ctx.source_fields.items()]).alias("source")
+        if ctx.source_fields
+        else F.lit(None).alias("source"),
+        F.lit(ctx.schema_version).alias("schema_version"),
+    )
+
+
+def message_size(key: Column, value_length: Column, headers: Column) -> Column:
+    """Bytes of a message as message.max.bytes counts them: key, value, header keys and values."""
+    header_bytes = F.aggregate(
+        headers, F.lit(0).cast("long"), lambda acc, h: acc + F.octet_length(h["key"]) + F.coalesce(F.octet_length(h["value"]), F.lit(0))
+    )
+    return F.coalesce(F.octet_length(key), F.lit(0)) + F.coalesce(value_length, F.lit(0)) + F.coalesce(header_bytes, F.lit(0))
+
+
+def message_size_bound(keyed: DataFrame, sink: KafkaSink, ctx: ShapeContext) -> Column | None:
+    """Per row, an upper bound on the size of the JSON message `to_messages` makes of it, without
+    encoding it (see spark/json_size.py); None when the payload has a type without a bound."""
+    value = _value_struct(keyed, sink, ctx)
+    bound = length_bound(value, keyed.select(value).schema[0].dataType)
+    return message_size(F.col(KEY), bound, _headers(keyed, sink)) if bound is not None else None
+
+
 def to_messages(keyed: DataFrame, sink: KafkaSink, ctx: ShapeContext, registry: RegistryWritePlan | None = None) -> DataFrame:
     """Encode key/value/headers (JSON, or Schema Registry formats when `registry` is given).
     Deletes must already be allowed (see engine pre-publish checks)."""
     options = sink.options
     payload = [c for c in C.payload_columns(keyed.columns) if c != KEY]
-    data = F.struct(*[F.col(c) for c in payload])
+    value = F.to_json(_value_struct(keyed, sink, ctx), JSON_WRITE_OPTIONS)
     is_delete = F.col(C.OP) == C.DELETE
-    if options.envelope == "dpone":
-        envelope = F.struct(
-            F.col(C.OP).alias("op"),
-            data.alias("data"),
-            F.struct(F.lit(ctx.strategy).alias("strategy"), F.lit(ctx.run_id).alias("run_id")).alias("metadata"),
-            F.struct(*[F.lit(v).alias(k) for k, v in ctx.source_fields.items()]).alias("source")
-            if ctx.source_fields
-            else F.lit(None).alias("source"),
-            F.lit(ctx.schema_version).alias("schema_version"),
-        )
-        value = F.to_json(envelope, JSON_WRITE_OPTIONS)
-    else:
-        value = F.to_json(data, JSON_WRITE_OPTIONS)
     tombstone = is_delete if options.deletes.enabled and options.deletes.tombstone else F.lit(False)
     if registry is not None:
         from dpone_dagster.sinks.registry import encode_messages

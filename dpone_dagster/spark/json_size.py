@@ -1,0 +1,118 @@
+"""An upper bound on the length of Spark's `to_json` of a value, computed without encoding it.
+
+The engine must find messages over message.max.bytes before producing anything. Encoding every
+message only to measure it (and keeping the encoded batch) cost more than the encoding in the
+producer tasks itself; a bound that is cheap arithmetic on the staged columns shows, for the usual
+batch, that no message can be too large. Only when the bound exceeds the limit are the messages
+encoded and measured exactly.
+
+The bound follows Spark's JSON generator (Jackson): strings escape at most to six bytes per byte
+(`\\u00XX`), numbers and temporal values have a longest text, nulls are `null`. Types without a
+known bound (intervals, variants, maps with non-string keys, user types) give None: measure exactly.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    ByteType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    NullType,
+    ShortType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+NULL = 4  # `null`
+# Longest text of fixed-size values, quotes included: Long.MIN_VALUE is 20 characters, a double
+# at most 24 (`-1.2345678901234567E-308`); dates and timestamps allow years past 9999.
+_FIXED: dict[type, int] = {
+    BooleanType: 5,
+    ByteType: 20,
+    ShortType: 20,
+    IntegerType: 20,
+    LongType: 20,
+    FloatType: 26,
+    DoubleType: 26,
+    DateType: 24,
+    TimestampType: 48,
+    TimestampNTZType: 48,
+    NullType: NULL,
+}
+
+
+def length_bound(value: Column, dtype: DataType) -> Column | None:
+    """A long column >= the byte length of `to_json(value)` (for a struct `value`) or of the
+    value's JSON text inside one; None when `dtype` has no bound here."""
+    return _bound(value, dtype) if supported(dtype) else None
+
+
+def supported(dtype: DataType) -> bool:
+    if fixed_bound(dtype) is not None or isinstance(dtype, StringType | BinaryType | DecimalType):
+        return True
+    if isinstance(dtype, StructType):
+        return all(supported(f.dataType) for f in dtype.fields)
+    if isinstance(dtype, ArrayType):
+        return supported(dtype.elementType)
+    if isinstance(dtype, MapType):
+        return isinstance(dtype.keyType, StringType) and supported(dtype.valueType)
+    return False
+
+
+def _bound(value: Column, dtype: DataType) -> Column:
+    fixed = fixed_bound(dtype)
+    if fixed is not None:
+        return F.lit(fixed).cast("long")
+    if isinstance(dtype, DecimalType):
+        return F.lit(dtype.precision + 12).cast("long")  # digits, sign, point, exponent
+    if isinstance(dtype, StringType):
+        return _or_null(value, F.lit(2) + 6 * F.octet_length(value).cast("long"))
+    if isinstance(dtype, BinaryType):
+        # Base64 in quotes: 4 characters per 3 bytes, rounded up.
+        return _or_null(value, F.lit(6) + 2 * F.octet_length(value).cast("long"))
+    if isinstance(dtype, StructType):
+        total = F.lit(1 + max(1, len(dtype.fields))).cast("long")  # braces and commas
+        for f in dtype.fields:
+            total = total + (name_bound(f.name) + 1) + _bound(value.getField(f.name), f.dataType)  # name, colon, value
+        return _or_null(value, total)
+    if isinstance(dtype, ArrayType):
+        element = dtype.elementType
+        fixed_element = fixed_bound(element)
+        if fixed_element is not None:
+            return _or_null(value, F.lit(2) + F.size(value).cast("long") * (fixed_element + 1))
+        return _or_null(value, F.aggregate(value, F.lit(2).cast("long"), lambda acc, x: acc + _bound(x, element) + 1))
+    assert isinstance(dtype, MapType)
+    value_type = dtype.valueType
+    entries = F.aggregate(
+        F.map_entries(value),
+        F.lit(2).cast("long"),
+        lambda acc, e: acc + _bound(e["key"], StringType()) + _bound(e["value"], value_type) + 2,
+    )
+    return _or_null(value, entries)
+
+
+def fixed_bound(dtype: DataType) -> int | None:
+    return _FIXED.get(type(dtype))
+
+
+def name_bound(name: str) -> int:
+    """Bytes of a field name as JSON text: quoted, control characters as `\\u00XX`."""
+    escaped = sum(6 if ord(ch) < 0x20 else 2 if ch in '"\\' else len(ch.encode("utf-8", "surrogatepass")) for ch in name)
+    return escaped + 2
+
+
+def _or_null(value: Column, bound: Column) -> Column:
+    return F.when(value.isNull(), F.lit(NULL).cast("long")).otherwise(bound)
