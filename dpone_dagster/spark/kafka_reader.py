@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -90,14 +91,21 @@ def read_ranges(spark: SparkSession, tasks: list[ReadTask], settings: ReaderSett
         if decode_schema is not None:
             decoded = [StructField(json_column(i), f.dataType, True) for i, f in enumerate(json_schema.fields)]
             output = StructType([*RAW_SCHEMA.fields, *decoded, StructField(JSON_OK, BooleanType(), False)])
+    # One topic (the usual read) is added on Spark's side instead of travelling with every record.
+    topics = {t.topic for t in tasks}
+    topic = topics.pop() if len(topics) == 1 else None
+    if topic is not None:
+        output = StructType(output.fields[1:])
 
     def read_tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for task_id in batch.column(0).to_pylist():
                 for raw in _read_one_range(settings, *specs[task_id]):
-                    yield raw if decode_schema is None else _with_decoded(raw, decode_schema)
+                    records = raw if decode_schema is None else _with_decoded(raw, decode_schema)
+                    yield records.drop_columns(["topic"]) if topic is not None else records
 
-    return spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(read_tasks, output)
+    records = spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(read_tasks, output)
+    return records.select(F.lit(topic).alias("topic"), "*") if topic is not None else records
 
 
 def reads_decoded(df: DataFrame) -> bool:
