@@ -100,6 +100,16 @@ def test_each_field_alone_is_bounded(spark) -> None:
             assert row["b"] >= row["a"], (f.name, row)
 
 
+def test_fixed_width_structs_fold_into_one_constant(spark) -> None:
+    schema = StructType([StructField("id", LongType()), StructField("ok", BooleanType()), StructField("none", StructType([]))])
+    df = spark.createDataFrame([(-(2**63), False, None), (None, None, None)], schema)
+    value = F.struct("id", "ok", "none")
+    bound = length_bound(value, schema)
+    assert bound is not None
+    rows = df.select(F.octet_length(F.to_json(value, JSON_WRITE_OPTIONS)).alias("a"), bound.alias("b")).collect()
+    assert all(r["b"] >= r["a"] for r in rows) and len({r["b"] for r in rows}) == 1
+
+
 def test_types_without_a_bound_give_none() -> None:
     assert length_bound(F.col("x"), StructType([StructField("x", DayTimeIntervalType())])) is None
     assert length_bound(F.col("x"), MapType(LongType(), StringType())) is None

@@ -149,3 +149,23 @@ def test_partitioned_read_delivers_every_row_once(broker, spark, kafka_env, data
     result = run_pipeline(parse_manifest(manifest(database, dst, tmp_path, strategy, options)), spark)
     assert result.messages_produced == 100
     assert sorted(int(k) for k in by_key(broker.bootstrap_servers, dst)) == list(range(1, 101))
+
+
+def test_repeated_keys_keep_the_last_row_per_key(broker, spark, kafka_env, database, tmp_path):
+    """A change table repeats its unique_key: keep_last sends each key's latest row once, and the
+    counts add up (rows extracted = messages + duplicates removed)."""
+    timestamp = "timestamp" if database.dialect == "postgres" else "datetime(6)"
+    database.execute(f"CREATE TABLE orders (change_id integer primary key, order_id integer, status varchar(20), updated_at {timestamp} not null)")
+    database.execute(
+        "INSERT INTO orders VALUES "
+        "(1, 10, 'created', '2024-01-01 10:00:00'), (2, 11, 'created', '2024-01-01 10:05:00'), "
+        "(3, 10, 'paid', '2024-01-01 11:00:00'), (4, 10, 'shipped', '2024-01-01 12:00:00'), "
+        "(5, 12, 'created', '2024-01-01 12:30:00')"
+    )
+    dst = unique_topic("sqldup")
+    create_topic(broker.bootstrap_servers, dst, 1)
+    strategy = "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}"
+    result = run_pipeline(parse_manifest(manifest(database, dst, tmp_path, strategy, "    incremental_column: updated_at")), spark)
+    assert (result.rows_extracted, result.messages_produced, result.duplicates_removed) == (5, 3, 2)
+    out = consume_all(broker.bootstrap_servers, dst)
+    assert sorted((r["key"], r["value"]["status"]) for r in out) == [("10", "shipped"), ("11", "created"), ("12", "created")]

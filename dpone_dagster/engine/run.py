@@ -89,19 +89,54 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
     return result
 
 
-def _stage_batch(extracted: Any) -> tuple[DataFrame, DataFrame, Any]:
-    """Persist the extracted batch (the one pass over the source) and count it. Returns the
-    persisted frame, the batch as read from it (rebuildable columns added back) and the counts."""
+def _stage_batch(manifest: Manifest, extracted: Any, ctx: shape.ShapeContext) -> tuple[DataFrame, DataFrame, dict[str, Any]]:
+    """Persist the extracted batch (the one pass over the source) and read it once for its counts
+    and the facts shaping needs (`_shape_facts`). Returns the persisted frame, the batch as read
+    from it (rebuildable columns added back) and the counts."""
     df = extracted.df
     persisted = df.drop(*extracted.rebuildable).persist(StorageLevel.MEMORY_AND_DISK)
-    drift = C.UNKNOWN_KEYS in df.columns
-    counts = persisted.agg(
-        F.count(F.lit(1)).alias("rows"),
-        F.count(F.col(C.CORRUPT)).alias("corrupt"),
-        F.sum(F.when(F.col(C.OP) == C.DELETE, 1).otherwise(0)).alias("deletes"),
-        (F.count(F.col(C.UNKNOWN_KEYS)) if drift else F.lit(0)).alias("unknown"),
-    ).first()
-    return persisted, persisted.withColumns(extracted.rebuildable), counts
+    staged = persisted.withColumns(extracted.rebuildable)
+    try:
+        keyed = shape.sink_key(staged, manifest.sink)
+        facts = _shape_facts(manifest, keyed, ctx)
+    except ConfigError:
+        keyed, facts = staged, {}  # the key columns are missing: shaping reports it, if it comes to that
+    columns = {
+        "rows": F.count(F.lit(1)),
+        "corrupt": F.count(F.col(C.CORRUPT)),
+        "deletes": F.count(F.when(F.col(C.OP) == C.DELETE, 1)),
+        "unknown": F.count(F.col(C.UNKNOWN_KEYS)) if C.UNKNOWN_KEYS in df.columns else F.lit(0),
+        **facts,
+    }
+    counts = keyed.agg(*[column.alias(name) for name, column in columns.items()]).first().asDict()
+    return persisted, staged, {"keyless_deletes": 0, "keyless_upserts": 0, "size_bound": None, **counts}
+
+
+def _shape_facts(manifest: Manifest, keyed: DataFrame, ctx: shape.ShapeContext) -> dict[str, Column]:
+    """Aggregates of the keyed batch that shaping checks: deletes without a key (a tombstone needs
+    one), decoded upserts without their unique key, and the bound on message sizes (JSON sinks;
+    absent when a payload type has none)."""
+    sink = manifest.sink
+    key_missing = F.col(shape.KEY).isNull() & F.col(C.CORRUPT).isNull()
+    facts: dict[str, Column] = {}
+    if sink.options.deletes.tombstone:
+        facts["keyless_deletes"] = F.count(F.when((F.col(C.OP) == C.DELETE) & key_missing, 1))
+    if sink.options.key.mode == "unique_key" and sink.strategy.unique_key_columns:
+        facts["keyless_upserts"] = F.count(F.when((F.col(C.OP) == C.UPSERT) & key_missing, 1))
+    if not _writes_registry_format(manifest):
+        bound = shape.message_size_bound(keyed, sink, ctx)
+        if bound is not None:
+            facts["size_bound"] = F.max(bound)
+    return facts
+
+
+def _shape_context(manifest: Manifest, result: RunResult) -> shape.ShapeContext:
+    return shape.ShapeContext(
+        pipeline=manifest.name,
+        run_id=result.run_id,
+        strategy=manifest.sink.strategy.mode,
+        source_fields={"topic": manifest.source.topic} if isinstance(manifest.source, KafkaSource) else {},
+    )
 
 
 def _write_artifacts(manifest: Manifest, result: RunResult, log: Log) -> None:
@@ -262,12 +297,13 @@ def _run(
     try:
         with _stage(result, "extract", log):
             extracted = planned.source.extract(spark, planned.boundary, log)
-            persisted, staged, counts = _stage_batch(extracted)
+            ctx = _shape_context(manifest, result)
+            persisted, staged, counts = _stage_batch(manifest, extracted, ctx)
             if counts["unknown"]:
                 # Records with keys the schema sample missed: widen the schema, read again.
                 extracted = planned.source.widen(spark, planned.boundary, extracted, persisted, log)
                 persisted.unpersist()
-                persisted, staged, counts = _stage_batch(extracted)
+                persisted, staged, counts = _stage_batch(manifest, extracted, ctx)
             staged = staged.drop(C.UNKNOWN_KEYS, C.UNKNOWN_TEXT)
             result.notes.extend(extracted.notes)
             result.rows_extracted = int(counts["rows"])
@@ -288,8 +324,7 @@ def _run(
         if result.rows_extracted - result.rows_dead_lettered - result.rows_skipped == 0:
             log("extract: no new records; nothing to produce")
         else:
-            deletes = int(counts["deletes"] or 0)
-            _shape_and_load(manifest, staged, deletes, extracted.raw, sink_config, result, log)
+            _shape_and_load(manifest, staged, ctx, counts, extracted.raw, sink_config, result, log)
     finally:
         if persisted is not None:
             persisted.unpersist()
@@ -379,7 +414,8 @@ def replace_topic(source: KafkaSource, topic: str) -> KafkaSource:
 def _shape_and_load(
     manifest: Manifest,
     staged: DataFrame,
-    deletes: int,
+    ctx: shape.ShapeContext,
+    counts: dict[str, Any],
     raw: DataFrame | None,
     sink_config: dict,
     result: RunResult,
@@ -388,7 +424,7 @@ def _shape_and_load(
     release: list[DataFrame] = []  # frames persisted while shaping, kept until the producer is done
     try:
         with _stage(result, "shape", log):
-            messages, expected = _shape(manifest, staged, deletes, raw, sink_config, result, release)
+            messages, expected = _shape(manifest, staged, ctx, counts, raw, sink_config, result, release)
         _load(manifest, messages, expected, sink_config, result, log)
     finally:
         for frame in release:
@@ -404,6 +440,7 @@ def _load(manifest: Manifest, messages: DataFrame, expected: int, sink_config: d
                 topic=manifest.sink.topic,
                 config=tuple(producer_config(sink_config, delivery).items()),
                 flush_timeout_s=delivery.flush_timeout_s,
+                headers_or_partitions=shape.has_headers(manifest.sink),
             ),
         )
         result.messages_produced = stats.delivered
@@ -483,17 +520,19 @@ def _corrupt_reason() -> Column:
 def _shape(
     manifest: Manifest,
     staged: DataFrame,
-    deletes: int,
+    ctx: shape.ShapeContext,
+    counts: dict[str, Any],
     raw: DataFrame | None,
     sink_config: dict,
     result: RunResult,
     release: list[DataFrame],
 ) -> tuple[DataFrame, int]:
-    """Apply key, delete policy, bad-key policy, duplicate policy and the size limit; returns
-    (messages, expected message count). Nothing is produced here; frames persisted on the way are
-    appended to `release`."""
+    """Apply key, delete policy, bad-key policy, duplicate policy and the size limit, with the
+    facts `_stage_batch` counted; returns (messages, expected message count). Nothing is produced
+    here; frames persisted on the way are appended to `release`."""
     sink = manifest.sink
     options = sink.options
+    deletes = int(counts["deletes"] or 0)
     batch = staged
     if deletes and not options.deletes.enabled:
         if options.deletes.when_disabled == "fail":
@@ -504,16 +543,9 @@ def _shape(
         batch = batch.where(F.col(C.OP) != C.DELETE)
         result.deletes_skipped = deletes
     keyed = shape.sink_key(batch, sink)
-    ctx = shape.ShapeContext(
-        pipeline=manifest.name,
-        run_id=result.run_id,
-        strategy=sink.strategy.mode,
-        source_fields={"topic": manifest.source.topic} if isinstance(manifest.source, KafkaSource) else {},
-    )
-    facts = _batch_facts(manifest, keyed, ctx)
-    if facts["keyless_deletes"]:
-        raise RunFailed(f"{facts['keyless_deletes']} delete(s) have no key, so no tombstone can be produced; check unique_key")
-    keyless = facts["keyless_upserts"]
+    if counts["keyless_deletes"]:
+        raise RunFailed(f"{counts['keyless_deletes']} delete(s) have no key, so no tombstone can be produced; check unique_key")
+    keyless = counts["keyless_upserts"]
     if keyless:
         bad = keyed.where((F.col(C.OP) == C.UPSERT) & F.col(shape.KEY).isNull()).select(
             F.col(C.SOURCE_PARTITION).alias("partition"),
@@ -523,8 +555,7 @@ def _shape(
         handle_bad_records(manifest, bad, keyless, raw, sink_config, result, "record(s) have no unique key")
         keyed = keyed.where(~((F.col(C.OP) == C.UPSERT) & F.col(shape.KEY).isNull()))
     keyed_rows = result.rows_extracted - result.deletes_skipped - result.rows_dead_lettered - result.rows_skipped
-    removed: int | None = 0  # rows de-duplication drops (None: known only by counting the result)
-    deduplicated = False
+    removed = 0  # rows de-duplication drops
     if sink.strategy.mode in shape.DEDUPE_MODES and options.key.mode == "unique_key":
         policy = sink.strategy.duplicate_policy
         if policy == "fail":
@@ -536,37 +567,18 @@ def _shape(
                 )
         elif policy in ("keep_last", "keep_first"):
             keyed, removed = _keep_one_per_key(manifest, keyed, policy, release)
-            deduplicated = True
     if options.key.mode == "unique_key" and not shape.uses_dedupe(sink):
         keyed = shape.ordered_by_key(keyed)
     registry = _registry_plan(manifest, keyed, result)
     messages = shape.to_messages(keyed, sink, ctx, registry)
     limit = int(producer_config(sink_config, options.delivery).get("message.max.bytes", 1_000_000))
-    bound = facts["size_bound"]
-    if removed is not None and bound is not None and bound <= limit:
-        # No message can be over the limit and the count is known: the producer tasks encode.
-        if deduplicated:
-            result.duplicates_removed = removed
-        return messages, keyed_rows - removed
-    return _stage_messages(manifest, messages, limit, keyed_rows, deduplicated, raw, sink_config, result, release)
-
-
-def _batch_facts(manifest: Manifest, keyed: DataFrame, ctx: shape.ShapeContext) -> dict[str, Any]:
-    """One pass over the keyed batch: deletes without a key (tombstones need one), upserts
-    without their unique key, and the bound on message sizes (JSON sinks; None when unknown)."""
-    sink = manifest.sink
-    key_missing = F.col(shape.KEY).isNull()
-    facts: dict[str, Column] = {}
-    if sink.options.deletes.tombstone:
-        facts["keyless_deletes"] = F.count(F.when((F.col(C.OP) == C.DELETE) & key_missing, 1))
-    if sink.options.key.mode == "unique_key" and sink.strategy.unique_key_columns:
-        facts["keyless_upserts"] = F.count(F.when((F.col(C.OP) == C.UPSERT) & key_missing, 1))
-    if not _writes_registry_format(manifest):
-        bound = shape.message_size_bound(keyed, sink, ctx)
-        if bound is not None:
-            facts["size_bound"] = F.max(bound)
-    row = keyed.agg(*[column.alias(name) for name, column in facts.items()]).first().asDict() if facts else {}
-    return {"keyless_deletes": 0, "keyless_upserts": 0, "size_bound": None, **row}
+    result.duplicates_removed = removed
+    # The accounting is the expectation: reconciliation compares it with the delivery reports.
+    expected = keyed_rows - removed
+    bound = counts["size_bound"]
+    if bound is not None and bound <= limit:
+        return messages, expected  # no message can be over the limit: the producer tasks encode
+    return _measured_messages(manifest, messages, limit, expected, raw, sink_config, result, release)
 
 
 # Duplicated keys up to this many are resolved with a broadcast of (key, winning order); more
@@ -574,19 +586,16 @@ def _batch_facts(manifest: Manifest, keyed: DataFrame, ctx: shape.ShapeContext) 
 BROADCAST_DEDUPE_KEYS = 1_000_000
 
 
-def _keep_one_per_key(manifest: Manifest, keyed: DataFrame, policy: str, release: list[DataFrame]) -> tuple[DataFrame, int | None]:
-    """keep_last / keep_first: the de-duplicated rows and how many rows were dropped (None when
-    only counting the result tells)."""
-    if not isinstance(manifest.source, KafkaSource):
-        # SQL source orders (watermark, key) can tie; the window picks exactly one row.
-        return shape.dedupe(keyed, policy), None
+def _keep_one_per_key(manifest: Manifest, keyed: DataFrame, policy: str, release: list[DataFrame]) -> tuple[DataFrame, int]:
+    """keep_last / keep_first: the de-duplicated rows and how many rows were dropped."""
     duplicated = shape.duplicated_keys(keyed).persist(StorageLevel.MEMORY_AND_DISK)
     counts = duplicated.agg(F.count(F.lit(1)).alias("keys"), F.sum(F.col("count") - 1).alias("dropped")).first()
     keys, dropped = int(counts["keys"]), int(counts["dropped"] or 0)
     if keys == 0:
         duplicated.unpersist()
         return keyed, 0
-    if keys > BROADCAST_DEDUPE_KEYS:
+    if not isinstance(manifest.source, KafkaSource) or keys > BROADCAST_DEDUPE_KEYS:
+        # SQL source orders (watermark, key) can tie: the window picks exactly one row per key.
         duplicated.unpersist()
         return shape.dedupe(keyed, policy), dropped
     winners = shape.duplicate_winners(keyed, duplicated, policy).persist(StorageLevel.MEMORY_AND_DISK)
@@ -596,30 +605,23 @@ def _keep_one_per_key(manifest: Manifest, keyed: DataFrame, policy: str, release
     return shape.keep_winners(keyed, winners), dropped
 
 
-def _stage_messages(
+def _measured_messages(
     manifest: Manifest,
     messages: DataFrame,
     limit: int,
-    keyed_rows: int,
-    deduplicated: bool,
+    expected: int,
     raw: DataFrame | None,
     sink_config: dict,
     result: RunResult,
     release: list[DataFrame],
 ) -> tuple[DataFrame, int]:
-    """Encode every message once and keep it (the producer tasks read the kept copy), counting in
-    the same pass the messages (what de-duplication kept of `keyed_rows`) and those over
-    message.max.bytes, which are found before producing (brokers may not enforce it).
+    """Encode every message once, keep it (the producer tasks read the kept copy) and find those
+    over message.max.bytes before producing (brokers may not enforce it); they are bad records.
     Returns (messages, expected count)."""
     size = shape.message_size(F.col("key"), F.octet_length("value"), F.col("headers"))
     sized = messages.withColumn("__size", size).persist(StorageLevel.MEMORY_AND_DISK)
     release.append(sized)
-    counts = sized.agg(F.count(F.lit(1)).alias("n"), F.sum(F.when(F.col("__size") > limit, 1).otherwise(0)).alias("large")).first()
-    # Without de-duplication the accounting is the expectation (reconciliation cross-checks it).
-    expected = int(counts["n"]) if deduplicated else keyed_rows
-    if deduplicated:
-        result.duplicates_removed = keyed_rows - expected
-    too_large = int(counts["large"] or 0)
+    too_large = sized.where(F.col("__size") > limit).count()
     if not too_large:
         return sized.drop("__size"), expected
     bad = sized.where(F.col("__size") > limit).select(

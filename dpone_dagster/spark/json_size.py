@@ -73,26 +73,31 @@ def supported(dtype: DataType) -> bool:
 
 
 def _bound(value: Column, dtype: DataType) -> Column:
-    fixed = fixed_bound(dtype)
-    if fixed is not None:
-        return F.lit(fixed).cast("long")
-    if isinstance(dtype, DecimalType):
-        return F.lit(dtype.precision + 12).cast("long")  # digits, sign, point, exponent
+    static = _static_bound(dtype)
+    if static is not None:
+        return F.lit(static).cast("long")
     if isinstance(dtype, StringType):
         return _or_null(value, F.lit(2) + 6 * F.octet_length(value).cast("long"))
     if isinstance(dtype, BinaryType):
         # Base64 in quotes: 4 characters per 3 bytes, rounded up.
         return _or_null(value, F.lit(6) + 2 * F.octet_length(value).cast("long"))
     if isinstance(dtype, StructType):
-        total = F.lit(1 + max(1, len(dtype.fields))).cast("long")  # braces and commas
+        # Braces, commas, names and colons, and the fixed-width fields are one constant.
+        constant = 1 + max(1, len(dtype.fields)) + sum(name_bound(f.name) + 1 for f in dtype.fields)
+        total = None
         for f in dtype.fields:
-            total = total + (name_bound(f.name) + 1) + _bound(value.getField(f.name), f.dataType)  # name, colon, value
-        return _or_null(value, total)
+            static = _static_bound(f.dataType)
+            if static is not None:
+                constant += static
+            else:
+                inner = _bound(value.getField(f.name), f.dataType)
+                total = inner if total is None else total + inner
+        return F.lit(max(constant, NULL)).cast("long") if total is None else _or_null(value, total + constant)
     if isinstance(dtype, ArrayType):
         element = dtype.elementType
-        fixed_element = fixed_bound(element)
-        if fixed_element is not None:
-            return _or_null(value, F.lit(2) + F.size(value).cast("long") * (fixed_element + 1))
+        static = _static_bound(element)
+        if static is not None:
+            return _or_null(value, F.lit(2) + F.size(value).cast("long") * (static + 1))
         return _or_null(value, F.aggregate(value, F.lit(2).cast("long"), lambda acc, x: acc + _bound(x, element) + 1))
     assert isinstance(dtype, MapType)
     value_type = dtype.valueType
@@ -102,6 +107,13 @@ def _bound(value: Column, dtype: DataType) -> Column:
         lambda acc, e: acc + _bound(e["key"], StringType()) + _bound(e["value"], value_type) + 2,
     )
     return _or_null(value, entries)
+
+
+def _static_bound(dtype: DataType) -> int | None:
+    """The bound of a value whose text has a longest length (numbers, temporal values)."""
+    if isinstance(dtype, DecimalType):
+        return dtype.precision + 12  # digits, sign, point, exponent
+    return fixed_bound(dtype)
 
 
 def fixed_bound(dtype: DataType) -> int | None:

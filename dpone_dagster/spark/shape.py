@@ -154,7 +154,9 @@ def message_size_bound(keyed: DataFrame, sink: KafkaSink, ctx: ShapeContext) -> 
     encoding it (see spark/json_size.py); None when the payload has a type without a bound."""
     value = _value_struct(keyed, sink, ctx)
     bound = length_bound(value, keyed.select(value).schema[0].dataType)
-    return message_size(F.col(KEY), bound, _headers(keyed, sink)) if bound is not None else None
+    # A row hash is 64 hex characters: no need to compute it for its length.
+    key = F.lit(b"0" * 64) if sink.options.key.mode == "hash_row" else F.col(KEY)
+    return message_size(key, bound, _headers(keyed, sink)) if bound is not None else None
 
 
 def to_messages(keyed: DataFrame, sink: KafkaSink, ctx: ShapeContext, registry: RegistryWritePlan | None = None) -> DataFrame:
@@ -199,6 +201,12 @@ def _lineage(df: DataFrame) -> dict[str, Column]:
         C.SOURCE_PARTITION: F.col(C.SOURCE_PARTITION) if C.SOURCE_PARTITION in df.columns else F.lit(None).cast("int"),
         C.SOURCE_OFFSET: F.col(C.SOURCE_OFFSET) if C.SOURCE_OFFSET in df.columns else F.lit(None).cast("long"),
     }
+
+
+def has_headers(sink: KafkaSink) -> bool:
+    """Whether messages to this sink may carry headers (`_headers` is not a null literal)."""
+    options = sink.options.headers
+    return bool(options.static) or options.lineage or options.replicate_source
 
 
 def _headers(df: DataFrame, sink: KafkaSink) -> Column:
