@@ -1,7 +1,7 @@
 """One engine task, in this process, timed and optionally under cProfile: where does a Spark
 task's Python time go?
 
-    python -m bench.profile_tasks --records 250000 [--profile] [--variant engine,fast]
+    python -m bench.profile_tasks --records 250000 [--profile]
 
 `reader`: kafka_reader._read_one_range over one partition slice (the default records_per_task).
 `writer`: kafka_writer._produce_task over Arrow batches shaped like the engine's messages
@@ -20,7 +20,7 @@ import pstats
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -45,30 +45,10 @@ def _measure(fn: Callable[[], int], profile: bool) -> dict[str, Any]:
     return out
 
 
-def reader_variant(name: str) -> Callable[..., Iterator[pa.RecordBatch]]:
-    if name == "engine":
-        from dpone_dagster.spark.kafka_reader import _read_one_range
+def profile_reader(bootstrap: str, topic: str, records: int, profile: bool, **settings: Any) -> dict[str, Any]:
+    from dpone_dagster.spark.kafka_reader import ReaderSettings, _read_one_range
 
-        return _read_one_range
-    from bench.variants import read_one_range_fast
-
-    return read_one_range_fast
-
-
-def writer_variant(name: str) -> Callable[..., Iterator[pa.RecordBatch]]:
-    if name == "engine":
-        from dpone_dagster.spark.kafka_writer import _produce_task
-
-        return _produce_task
-    from bench.variants import produce_task_fast
-
-    return produce_task_fast
-
-
-def profile_reader(bootstrap: str, topic: str, records: int, variant: str, profile: bool, **settings: Any) -> dict[str, Any]:
-    from dpone_dagster.spark.kafka_reader import ReaderSettings
-
-    reader = reader_variant(variant)
+    reader = _read_one_range
     rs = ReaderSettings({"bootstrap.servers": bootstrap}, f"prof-{uuid.uuid4().hex[:6]}", **settings)
 
     def run() -> int:
@@ -103,14 +83,12 @@ def message_batches(records: int, rows: int = 10_000) -> list[pa.RecordBatch]:
     return batches
 
 
-def profile_writer(
-    bootstrap: str, topic: str, batches: list[pa.RecordBatch], variant: str, profile: bool, overrides: dict[str, Any]
-) -> dict[str, Any]:
+def profile_writer(bootstrap: str, topic: str, batches: list[pa.RecordBatch], profile: bool, overrides: dict[str, Any]) -> dict[str, Any]:
     from dpone_dagster.kafka.config import producer_config
     from dpone_dagster.manifest.models import DeliveryOptions
-    from dpone_dagster.spark.kafka_writer import ProducerSettings
+    from dpone_dagster.spark.kafka_writer import ProducerSettings, _produce_task
 
-    writer = writer_variant(variant)
+    writer = _produce_task
     config = {**producer_config({"bootstrap.servers": bootstrap}, DeliveryOptions()), **overrides}
     settings = ProducerSettings(topic, tuple(config.items()))
 
@@ -138,7 +116,6 @@ def _kv(items: list[str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.profile_tasks", description=__doc__)
     p.add_argument("--records", type=int, default=250_000)
-    p.add_argument("--variant", default="engine,fast")
     p.add_argument("--what", default="reader,writer")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--repeat", type=int, default=2)
@@ -154,7 +131,6 @@ def main(argv: list[str] | None = None) -> int:
     bootstrap = args.bootstrap or broker.bootstrap_servers  # type: ignore[union-attr]
     try:
         results: list[dict[str, Any]] = []
-        variants = args.variant.split(",")
         if "reader" in args.what:
             src = f"prof_src_{uuid.uuid4().hex[:6]}"
             create_topic(bootstrap, src, 1)
@@ -163,17 +139,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.consumer:
                 settings["consumer_overrides"] = tuple(_kv(args.consumer).items())
             for rep in range(args.repeat):
-                for v in variants:
-                    r = profile_reader(bootstrap, src, args.records, v, args.profile and rep == 0, **settings)
-                    results.append({"what": "reader", "variant": v, "rep": rep, **r})
+                r = profile_reader(bootstrap, src, args.records, args.profile and rep == 0, **settings)
+                results.append({"what": "reader", "rep": rep, **r})
         if "writer" in args.what:
             batches = message_batches(args.records)
             for rep in range(args.repeat):
-                for v in variants:
-                    dst = f"prof_dst_{uuid.uuid4().hex[:6]}"
-                    create_topic(bootstrap, dst, 6)
-                    r = profile_writer(bootstrap, dst, batches, v, args.profile and rep == 0, _kv(args.producer))
-                    results.append({"what": "writer", "variant": v, "rep": rep, **r})
+                dst = f"prof_dst_{uuid.uuid4().hex[:6]}"
+                create_topic(bootstrap, dst, 6)
+                r = profile_writer(bootstrap, dst, batches, args.profile and rep == 0, _kv(args.producer))
+                results.append({"what": "writer", "rep": rep, **r})
         for r in results:
             prof = r.pop("profile", None)
             print(json.dumps(r))
