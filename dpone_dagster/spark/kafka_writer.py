@@ -112,7 +112,7 @@ def _produce_task(settings: ProducerSettings, batches: Iterator[pa.RecordBatch])
 
     producer = Producer(dict(settings.config))
     report = _TaskReport()
-    topic, on_delivery = settings.topic, report.on_delivery
+    topic, on_delivery, produce = settings.topic, report.on_delivery, producer.produce
     for batch in batches:
         key_column, value_column = batch.column("key"), batch.column("value")
         report.bytes += _total_length(key_column) + _total_length(value_column)
@@ -121,7 +121,10 @@ def _produce_task(settings: ProducerSettings, batches: Iterator[pa.RecordBatch])
         rows = zip(key_column.to_pylist(), value_column.to_pylist(), strict=True)
         if plain:
             for key, value in rows:
-                _produce(producer, topic, key, value, on_delivery)
+                try:  # the common case inline: one Python call per message
+                    produce(topic, value, key, on_delivery=on_delivery)
+                except BufferError:
+                    _produce(producer, topic, key, value, on_delivery)
         else:
             headers, partitions = batch.column("headers").to_pylist(), batch.column("partition").to_pylist()
             for (key, value), header, partition in zip(rows, headers, partitions, strict=True):
