@@ -99,22 +99,18 @@ def decoded_columns(data: Column, payload_fields: list[StructField], op: Column,
         F.col("key").alias(C.SOURCE_KEY),
         F.col("headers").alias(C.SOURCE_HEADERS),
         corrupt.alias(C.CORRUPT),
-        source_order().alias(C.ORDER),
+        source_order(F.col("timestamp"), F.col("partition"), F.col("offset")).alias(C.ORDER),
     ]
 
 
-def source_order() -> Column:
+def source_order(timestamp_ms: Column, partition: Column, offset: Column) -> Column:
     """Source order across partitions: record timestamp, then partition and offset."""
-    return F.struct(F.col("timestamp").alias("ts"), F.col("partition").alias("p"), F.col("offset").alias("o"))
+    return F.struct(timestamp_ms.alias("ts"), partition.alias("p"), offset.alias("o"))
 
 
 def rebuildable_columns(topic: str) -> dict[str, Column]:
     """Metadata of a decoded batch of one topic that other columns determine: the topic itself
     and the source order. Kept batches leave them out and add them back when read (smaller,
     cheaper to build)."""
-    order = F.struct(
-        F.unix_millis(F.col(C.SOURCE_TIMESTAMP)).alias("ts"),
-        F.col(C.SOURCE_PARTITION).alias("p"),
-        F.col(C.SOURCE_OFFSET).alias("o"),
-    )
+    order = source_order(F.unix_millis(F.col(C.SOURCE_TIMESTAMP)), F.col(C.SOURCE_PARTITION), F.col(C.SOURCE_OFFSET))
     return {C.SOURCE_TOPIC: F.lit(topic), C.ORDER: order}
