@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 
 from conftest import create_topic, produce_json, unique_topic
+from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DoubleType, LongType, StringType, StructField, StructType
 
 from dpone_dagster import columns as C
 from dpone_dagster.kafka.boundary import ReadTask
-from dpone_dagster.spark.decode import decode_json
-from dpone_dagster.spark.kafka_reader import JSON_OK, ReaderSettings, read_ranges
+from dpone_dagster.spark.decode import decode_json, decoded_in_tasks
+from dpone_dagster.spark.kafka_reader import JSON_OK, ReaderSettings, read_ranges, read_records
 
 SCHEMA = StructType(
     [
@@ -66,3 +67,26 @@ def test_fast_and_jvm_decoders_give_the_same_rows(broker, spark):
     assert by_offset[(1, 11)]["status"] == "é"
     clean = by_offset[(0, 3)]
     assert (clean["order_id"], clean["amount"], clean["customer"]["city"], clean["tags"]) == (3, 0.75, "Oslo", ["a", "b"])
+
+
+def test_a_batch_decoded_in_its_read_tasks_is_kept_as_they_handed_it_over(broker, spark):
+    """The engine keeps the read output itself when no record needs the JVM decoder: renaming the
+    decoded columns gives the rows the full decoder gives (tombstones included), and the kept
+    copy serves every later pass."""
+    bs = broker.bootstrap_servers
+    topic = unique_topic("kept")
+    create_topic(bs, topic, 1)
+    produce_json(bs, topic, [*CLEAN, None, {"order_id": 200, "tags": []}])
+    tasks = [ReadTask(0, topic, 0, 0, len(CLEAN) + 2)]
+    records, raw = read_records(spark, tasks, ReaderSettings({"bootstrap.servers": bs}, "g-kept"), SCHEMA)
+    records.persist()
+    try:
+        renamed = decoded_in_tasks(raw, SCHEMA)
+        assert renamed.where(~F.col(JSON_OK)).count() == 0
+        assert rows(renamed.withColumn(C.UNKNOWN_KEYS, F.lit(None))) == rows(decode_json(raw, SCHEMA, "flat", detect_unknown=True))
+        assert "InMemoryRelation" in renamed._jdf.queryExecution().optimizedPlan().toString()
+        by_offset = {r[C.SOURCE_OFFSET]: r for r in renamed.collect()}
+        assert by_offset[len(CLEAN)][C.OP] == C.DELETE and by_offset[len(CLEAN)]["order_id"] is None
+        assert by_offset[len(CLEAN) + 1]["tags"] == [] and by_offset[3]["amount"] == 0.75
+    finally:
+        records.unpersist()

@@ -30,6 +30,7 @@ from dpone_dagster.kafka.errors import classify_text
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.sources.kafka import KafkaBatchSource, TimeWindow
 from dpone_dagster.spark import shape
+from dpone_dagster.spark.kafka_reader import JSON_OK
 from dpone_dagster.spark.kafka_writer import ProducerSettings, produce
 from dpone_dagster.state import open_state_store
 from dpone_dagster.state.base import RunRecord, StateStore, utcnow
@@ -91,25 +92,75 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
 
 def _stage_batch(manifest: Manifest, extracted: Any, ctx: shape.ShapeContext) -> tuple[DataFrame, DataFrame, dict[str, Any]]:
     """Persist the extracted batch (the one pass over the source) and read it once for its counts
-    and the facts shaping needs (`_shape_facts`). Returns the persisted frame, the batch as read
-    from it (rebuildable columns added back) and the counts."""
-    df = extracted.df
-    persisted = df.drop(*extracted.rebuildable).persist(StorageLevel.MEMORY_AND_DISK)
+    and the facts shaping needs. Returns the persisted frame, the batch as read from it and the
+    counts.
+
+    Flat JSON keeps the read tasks' output as it is when they decoded every record (no row copy
+    before keeping it; each pass renames the columns). When some record needs the JVM decoder,
+    the decoded batch is kept instead, so that such records are parsed once."""
+    if extracted.records is not None:
+        records = extracted.records.persist(StorageLevel.MEMORY_AND_DISK)
+        counts = _batch_counts(manifest, extracted.decoded_in_tasks, ctx)
+        if not counts[UNDECODED]:
+            return records, extracted.decoded_in_tasks.drop(JSON_OK), counts
+        persisted = extracted.df.drop(*extracted.rebuildable).persist(StorageLevel.MEMORY_AND_DISK)
+        staged = persisted.withColumns(extracted.rebuildable)
+        counts = _batch_counts(manifest, staged, ctx)  # built from the kept read output
+        records.unpersist()
+        return persisted, staged, counts
+    persisted = extracted.df.drop(*extracted.rebuildable).persist(StorageLevel.MEMORY_AND_DISK)
     staged = persisted.withColumns(extracted.rebuildable)
+    return persisted, staged, _batch_counts(manifest, staged, ctx)
+
+
+UNDECODED = "undecoded"  # records a read task left to the JVM decoder
+
+
+def _batch_counts(manifest: Manifest, staged: DataFrame, ctx: shape.ShapeContext) -> dict[str, Any]:
+    """Rows, corrupt records, deletes, drift and the facts shaping checks (`_shape_facts`), in one
+    pass; with keep_last/keep_first also the repeated keys (`_counts_by_key`)."""
     try:
         keyed = shape.sink_key(staged, manifest.sink)
         facts = _shape_facts(manifest, keyed, ctx)
     except ConfigError:
-        keyed, facts = staged, {}  # the key columns are missing: shaping reports it, if it comes to that
+        keyed, facts = None, {}  # the key columns are missing: shaping reports it, if it comes to that
     columns = {
         "rows": F.count(F.lit(1)),
         "corrupt": F.count(F.col(C.CORRUPT)),
         "deletes": F.count(F.when(F.col(C.OP) == C.DELETE, 1)),
-        "unknown": F.count(F.col(C.UNKNOWN_KEYS)) if C.UNKNOWN_KEYS in df.columns else F.lit(0),
+        "unknown": F.count(F.col(C.UNKNOWN_KEYS)) if C.UNKNOWN_KEYS in staged.columns else F.count(F.lit(None)),
+        UNDECODED: F.count(F.when(~F.col(JSON_OK), 1)) if JSON_OK in staged.columns else F.count(F.lit(None)),
         **facts,
     }
-    counts = keyed.agg(*[column.alias(name) for name, column in columns.items()]).first().asDict()
-    return persisted, staged, {"keyless_deletes": 0, "keyless_upserts": 0, "size_bound": None, **counts}
+    defaults = {"keyless_deletes": 0, "keyless_upserts": 0, "size_bound": None}
+    if keyed is not None and _keeps_one_per_key(manifest):
+        return {**defaults, **_counts_by_key(manifest, keyed, columns)}
+    counts = (keyed if keyed is not None else staged).agg(*[column.alias(name) for name, column in columns.items()]).first()
+    return {**defaults, **counts.asDict()}
+
+
+def _keeps_one_per_key(manifest: Manifest) -> bool:
+    return shape.uses_dedupe(manifest.sink) and manifest.sink.strategy.duplicate_policy in ("keep_last", "keep_first")
+
+
+def _counts_by_key(manifest: Manifest, keyed: DataFrame, columns: dict[str, Column]) -> dict[str, Any]:
+    """The batch counts and, in the same pass, the keys that repeat among the rows shaping keeps
+    (decoded, and not a delete that is skipped): `duplicated_keys` and `duplicates` (rows beyond
+    the first per key). One aggregate per key, then one over the keys."""
+    kept = F.col(C.CORRUPT).isNull()
+    if not manifest.sink.options.deletes.enabled:
+        kept = kept & (F.col(C.OP) != C.DELETE)
+    per_key = keyed.groupBy(shape.KEY).agg(
+        *[column.alias(name) for name, column in columns.items()], F.count(F.when(kept, 1)).alias("__kept")
+    )
+    repeated = F.col(shape.KEY).isNotNull() & (F.col("__kept") > 1)
+    totals = [F.max(name) if name == "size_bound" else F.coalesce(F.sum(name), F.lit(0)) for name in columns]
+    counts = per_key.agg(
+        *[total.alias(name) for total, name in zip(totals, columns, strict=True)],
+        F.count(F.when(repeated, 1)).alias("duplicated_keys"),
+        F.coalesce(F.sum(F.when(repeated, F.col("__kept") - 1)), F.lit(0)).alias("duplicates"),
+    )
+    return counts.first().asDict()
 
 
 def _shape_facts(manifest: Manifest, keyed: DataFrame, ctx: shape.ShapeContext) -> dict[str, Column]:
@@ -301,7 +352,7 @@ def _run(
             persisted, staged, counts = _stage_batch(manifest, extracted, ctx)
             if counts["unknown"]:
                 # Records with keys the schema sample missed: widen the schema, read again.
-                extracted = planned.source.widen(spark, planned.boundary, extracted, persisted, log)
+                extracted = planned.source.widen(spark, planned.boundary, extracted, staged, log)
                 persisted.unpersist()
                 persisted, staged, counts = _stage_batch(manifest, extracted, ctx)
             staged = staged.drop(C.UNKNOWN_KEYS, C.UNKNOWN_TEXT)
@@ -566,7 +617,7 @@ def _shape(
                     f"(e.g. {sample}); nothing was produced. Use keep_last/keep_first to keep one row per key"
                 )
         elif policy in ("keep_last", "keep_first"):
-            keyed, removed = _keep_one_per_key(manifest, keyed, policy, release)
+            keyed, removed = _keep_one_per_key(manifest, keyed, policy, counts, release)
     if options.key.mode == "unique_key" and not shape.uses_dedupe(sink):
         keyed = shape.ordered_by_key(keyed)
     registry = _registry_plan(manifest, keyed, result)
@@ -586,21 +637,19 @@ def _shape(
 BROADCAST_DEDUPE_KEYS = 1_000_000
 
 
-def _keep_one_per_key(manifest: Manifest, keyed: DataFrame, policy: str, release: list[DataFrame]) -> tuple[DataFrame, int]:
-    """keep_last / keep_first: the de-duplicated rows and how many rows were dropped."""
-    duplicated = shape.duplicated_keys(keyed).persist(StorageLevel.MEMORY_AND_DISK)
-    counts = duplicated.agg(F.count(F.lit(1)).alias("keys"), F.sum(F.col("count") - 1).alias("dropped")).first()
-    keys, dropped = int(counts["keys"]), int(counts["dropped"] or 0)
+def _keep_one_per_key(
+    manifest: Manifest, keyed: DataFrame, policy: str, counts: dict[str, Any], release: list[DataFrame]
+) -> tuple[DataFrame, int]:
+    """keep_last / keep_first: the de-duplicated rows and how many rows were dropped (`counts`
+    says how many keys repeat, see `_counts_by_key`)."""
+    keys, dropped = int(counts["duplicated_keys"]), int(counts["duplicates"])
     if keys == 0:
-        duplicated.unpersist()
         return keyed, 0
     if not isinstance(manifest.source, KafkaSource) or keys > BROADCAST_DEDUPE_KEYS:
         # SQL source orders (watermark, key) can tie: the window picks exactly one row per key.
-        duplicated.unpersist()
         return shape.dedupe(keyed, policy), dropped
-    winners = shape.duplicate_winners(keyed, duplicated, policy).persist(StorageLevel.MEMORY_AND_DISK)
+    winners = shape.duplicate_winners(keyed, shape.duplicated_keys(keyed), policy).persist(StorageLevel.MEMORY_AND_DISK)
     winners.count()
-    duplicated.unpersist()
     release.append(winners)
     return shape.keep_winners(keyed, winners), dropped
 

@@ -87,6 +87,18 @@ def decode_json(raw: DataFrame, schema: StructType, envelope: str, detect_unknow
     return stage.select(*decoded_columns(data, payload_fields, op, corrupt), *drift)
 
 
+def decoded_in_tasks(raw: DataFrame, schema: StructType) -> DataFrame:
+    """`decode_json(raw, schema, "flat")` for a batch whose every record the read tasks decoded
+    (`kafka_reader.JSON_OK`, passed on, is true for all): their columns renamed, nothing parsed,
+    nothing corrupt, no drift (a read task never decodes a record with keys beyond the schema)."""
+    names = schema.fieldNames()
+    payload_fields = [f for f in schema.fields if f.name != C.OP]
+    data = F.struct(*[F.col(json_column(names.index(f.name))).alias(f.name) for f in payload_fields])
+    op_text = F.col(json_column(names.index(C.OP))) if C.OP in names else F.lit(None)
+    op = F.when(F.col("value").isNull() | op_text.isin(*DELETE_OPS), F.lit(C.DELETE)).otherwise(F.lit(C.UPSERT))
+    return raw.select(*decoded_columns(data, payload_fields, op, F.lit(None).cast("string")), JSON_OK)
+
+
 def decoded_columns(data: Column, payload_fields: list[StructField], op: Column, corrupt: Column) -> list[Column]:
     """The columns every decoder returns: payload fields, then the dpone metadata of the record."""
     return [
