@@ -12,7 +12,8 @@ from pyspark.sql.types import ArrayType, DoubleType, LongType, StringType, Struc
 from dpone_dagster import columns as C
 from dpone_dagster.kafka.boundary import ReadTask
 from dpone_dagster.spark.decode import decode_json, decoded_in_tasks
-from dpone_dagster.spark.kafka_reader import JSON_OK, ReaderSettings, read_ranges, read_records
+from dpone_dagster.spark.kafka_reader import JSON_OK, ReaderSettings, raw_records, read_ranges, read_records
+from dpone_dagster.spark.keep import keep_batch, release_batch
 
 SCHEMA = StructType(
     [
@@ -78,15 +79,15 @@ def test_a_batch_decoded_in_its_read_tasks_is_kept_as_they_handed_it_over(broker
     create_topic(bs, topic, 1)
     produce_json(bs, topic, [*CLEAN, None, {"order_id": 200, "tags": []}])
     tasks = [ReadTask(0, topic, 0, 0, len(CLEAN) + 2)]
-    records, raw = read_records(spark, tasks, ReaderSettings({"bootstrap.servers": bs}, "g-kept"), SCHEMA)
-    records.persist()
+    kept = keep_batch(read_records(spark, tasks, ReaderSettings({"bootstrap.servers": bs}, "g-kept"), SCHEMA))
+    raw = raw_records(kept, tasks)
     try:
         renamed = decoded_in_tasks(raw, SCHEMA)
         assert renamed.where(~F.col(JSON_OK)).count() == 0
         assert rows(renamed.withColumn(C.UNKNOWN_KEYS, F.lit(None))) == rows(decode_json(raw, SCHEMA, "flat", detect_unknown=True))
-        assert "InMemoryRelation" in renamed._jdf.queryExecution().optimizedPlan().toString()
+        assert "Range" not in renamed._jdf.queryExecution().optimizedPlan().toString()  # no read of the source
         by_offset = {r[C.SOURCE_OFFSET]: r for r in renamed.collect()}
         assert by_offset[len(CLEAN)][C.OP] == C.DELETE and by_offset[len(CLEAN)]["order_id"] is None
         assert by_offset[len(CLEAN) + 1]["tags"] == [] and by_offset[3]["amount"] == 0.75
     finally:
-        records.unpersist()
+        release_batch(kept)

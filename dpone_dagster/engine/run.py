@@ -32,6 +32,7 @@ from dpone_dagster.sources.kafka import KafkaBatchSource, TimeWindow
 from dpone_dagster.spark import shape
 from dpone_dagster.spark.kafka_reader import JSON_OK
 from dpone_dagster.spark.kafka_writer import ProducerSettings, produce
+from dpone_dagster.spark.keep import keep_batch, release_batch
 from dpone_dagster.state import open_state_store
 from dpone_dagster.state.base import RunRecord, StateStore, utcnow
 
@@ -99,18 +100,19 @@ def _stage_batch(manifest: Manifest, extracted: Any, ctx: shape.ShapeContext) ->
     before keeping it; each pass renames the columns). When some record needs the JVM decoder,
     the decoded batch is kept instead, so that such records are parsed once."""
     if extracted.records is not None:
-        records = extracted.records.persist(StorageLevel.MEMORY_AND_DISK)
-        counts = _batch_counts(manifest, extracted.decoded_in_tasks, ctx)
+        records = keep_batch(extracted.records)
+        decoded_in_tasks, decoded = extracted.decode_kept(records)
+        counts = _batch_counts(manifest, decoded_in_tasks, ctx)
         if not counts[UNDECODED]:
-            return records, extracted.decoded_in_tasks.drop(JSON_OK), counts
-        persisted = extracted.df.drop(*extracted.rebuildable).persist(StorageLevel.MEMORY_AND_DISK)
-        staged = persisted.withColumns(extracted.rebuildable)
-        counts = _batch_counts(manifest, staged, ctx)  # built from the kept read output
-        records.unpersist()
-        return persisted, staged, counts
-    persisted = extracted.df.drop(*extracted.rebuildable).persist(StorageLevel.MEMORY_AND_DISK)
-    staged = persisted.withColumns(extracted.rebuildable)
-    return persisted, staged, _batch_counts(manifest, staged, ctx)
+            return records, decoded_in_tasks.drop(JSON_OK), counts
+        kept = keep_batch(decoded.drop(*extracted.rebuildable))
+        staged = kept.withColumns(extracted.rebuildable)
+        counts = _batch_counts(manifest, staged, ctx)  # decoded from the kept read output
+        release_batch(records)
+        return kept, staged, counts
+    kept = keep_batch(extracted.df.drop(*extracted.rebuildable))
+    staged = kept.withColumns(extracted.rebuildable)
+    return kept, staged, _batch_counts(manifest, staged, ctx)
 
 
 UNDECODED = "undecoded"  # records a read task left to the JVM decoder
@@ -353,7 +355,7 @@ def _run(
             if counts["unknown"]:
                 # Records with keys the schema sample missed: widen the schema, read again.
                 extracted = planned.source.widen(spark, planned.boundary, extracted, staged, log)
-                persisted.unpersist()
+                release_batch(persisted)
                 persisted, staged, counts = _stage_batch(manifest, extracted, ctx)
             staged = staged.drop(C.UNKNOWN_KEYS, C.UNKNOWN_TEXT)
             result.notes.extend(extracted.notes)
@@ -378,7 +380,7 @@ def _run(
             _shape_and_load(manifest, staged, ctx, counts, extracted.raw, sink_config, result, log)
     finally:
         if persisted is not None:
-            persisted.unpersist()
+            release_batch(persisted)
         if extracted is not None and extracted.raw is not None:
             extracted.raw.unpersist()  # registry formats keep the raw batch (schema ids, dead letters)
 

@@ -25,7 +25,13 @@ from dpone_dagster.kafka.boundary import (
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.schema.inference import infer_schema, merge_structs
 from dpone_dagster.spark import decode
-from dpone_dagster.spark.kafka_reader import ReaderSettings, read_ranges, read_records, reads_decoded
+from dpone_dagster.spark.kafka_reader import (
+    ReaderSettings,
+    raw_records,
+    read_ranges,
+    read_records,
+    reads_decoded,
+)
 
 Log = Callable[[str], None]
 
@@ -54,11 +60,11 @@ class ExtractResult:
     raw: DataFrame | None = None
     # Columns of `df` that the others determine: the engine keeps the batch without them.
     rebuildable: dict[str, Column] = field(default_factory=dict)
-    # Flat JSON: the read tasks' output (`df` is built on it) and the batch when they decoded
-    # every record. Kept as it is, that output needs no row copy before keeping; each pass then
-    # renames its columns (see engine.run._stage_batch).
+    # Flat JSON: the read tasks' output, and given a kept copy of it, (the batch when the tasks
+    # decoded every record, the batch otherwise). Kept as it is, that output needs no row copy
+    # before keeping; each pass then renames its columns (see engine.run._stage_batch).
     records: DataFrame | None = None
-    decoded_in_tasks: DataFrame | None = None
+    decode_kept: Callable[[DataFrame], tuple[DataFrame, DataFrame]] | None = None
 
 
 def default_group_id(manifest: Manifest) -> str:
@@ -178,11 +184,16 @@ class KafkaBatchSource:
         log(f"extract: {len(tasks)} Spark task(s) over {boundary.total} offsets of '{self.topic}'")
         settings = self._reader_settings()
         # Flat JSON is decoded in the read tasks where pyarrow can (spark/arrow_json.py).
-        records, raw = read_records(spark, tasks, settings, schema if envelope == "flat" else None)
-        df = decode.decode_json(raw, schema, envelope, detect_unknown=detect)
+        records = read_records(spark, tasks, settings, schema if envelope == "flat" else None)
+        df = decode.decode_json(raw_records(records, tasks), schema, envelope, detect_unknown=detect)
         extracted = ExtractResult(df, schema, envelope, notes, read_ranges(spark, tasks, settings), decode.rebuildable_columns(self.topic))
-        if reads_decoded(raw):
-            extracted.records, extracted.decoded_in_tasks = records, decode.decoded_in_tasks(raw, schema)
+        if reads_decoded(records):
+
+            def decode_kept(kept: DataFrame) -> tuple[DataFrame, DataFrame]:
+                raw = raw_records(kept, tasks)
+                return decode.decoded_in_tasks(raw, schema), decode.decode_json(raw, schema, envelope, detect_unknown=detect)
+
+            extracted.records, extracted.decode_kept = records, decode_kept
         return extracted
 
     def widen(self, spark: SparkSession, boundary: Boundary, extracted: ExtractResult, staged: DataFrame, log: Log) -> ExtractResult:

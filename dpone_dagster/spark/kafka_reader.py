@@ -82,18 +82,15 @@ def read_ranges(spark: SparkSession, tasks: list[ReadTask], settings: ReaderSett
     values: columns `json_column(i)` per schema field and `JSON_OK` (false where the batch is left
     to the JVM decoder). A decoded record's value is not sent to the JVM again: it arrives empty
     (a tombstone stays null)."""
-    return read_records(spark, tasks, settings, json_schema)[1]
+    return raw_records(read_records(spark, tasks, settings, json_schema), tasks)
 
 
-def read_records(
-    spark: SparkSession, tasks: list[ReadTask], settings: ReaderSettings, json_schema: StructType | None = None
-) -> tuple[DataFrame, DataFrame]:
-    """(what the read tasks yield, the raw records of `read_ranges` built on it). Persisting the
-    first keeps the batch as the tasks handed it over: every frame built on the second reads the
-    kept copy."""
+def read_records(spark: SparkSession, tasks: list[ReadTask], settings: ReaderSettings, json_schema: StructType | None = None) -> DataFrame:
+    """What the read tasks yield: the frame of `read_ranges` without its topic column when every
+    task reads one topic (`raw_records` adds it). Keeping this frame keeps the batch as the
+    tasks handed it over."""
     if not tasks:
-        empty = spark.createDataFrame([], RAW_SCHEMA)
-        return empty, empty
+        return spark.createDataFrame([], RAW_SCHEMA)
     specs = [(t.topic, t.partition, t.start, t.end) for t in tasks]
     output, decode_schema = RAW_SCHEMA, None
     if json_schema is not None:
@@ -102,8 +99,7 @@ def read_records(
             decoded = [StructField(json_column(i), f.dataType, True) for i, f in enumerate(json_schema.fields)]
             output = StructType([*RAW_SCHEMA.fields, *decoded, StructField(JSON_OK, BooleanType(), False)])
     # One topic (the usual read) is added on Spark's side instead of travelling with every record.
-    topics = {t.topic for t in tasks}
-    topic = topics.pop() if len(topics) == 1 else None
+    topic = _single_topic(tasks)
     if topic is not None:
         output = StructType(output.fields[1:])
 
@@ -114,8 +110,18 @@ def read_records(
                     records = raw if decode_schema is None else _with_decoded(raw, decode_schema)
                     yield records.drop_columns(["topic"]) if topic is not None else records
 
-    records = spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(read_tasks, output)
-    return records, records.select(F.lit(topic).alias("topic"), "*") if topic is not None else records
+    return spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(read_tasks, output)
+
+
+def raw_records(records: DataFrame, tasks: list[ReadTask]) -> DataFrame:
+    """The frame of `read_ranges` from that of `read_records` (or a kept copy of it)."""
+    topic = _single_topic(tasks)
+    return records.select(F.lit(topic).alias("topic"), "*") if topic is not None else records
+
+
+def _single_topic(tasks: list[ReadTask]) -> str | None:
+    topics = {t.topic for t in tasks}
+    return topics.pop() if len(topics) == 1 else None
 
 
 def reads_decoded(df: DataFrame) -> bool:
