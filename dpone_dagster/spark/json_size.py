@@ -61,7 +61,7 @@ def length_bound(value: Column, dtype: DataType) -> Column | None:
 
 
 def supported(dtype: DataType) -> bool:
-    if fixed_bound(dtype) is not None or isinstance(dtype, StringType | BinaryType | DecimalType):
+    if _static_bound(dtype) is not None or isinstance(dtype, StringType | BinaryType):
         return True
     if isinstance(dtype, StructType):
         return all(supported(f.dataType) for f in dtype.fields)
@@ -113,10 +113,6 @@ def _static_bound(dtype: DataType) -> int | None:
     """The bound of a value whose text has a longest length (numbers, temporal values)."""
     if isinstance(dtype, DecimalType):
         return dtype.precision + 12  # digits, sign, point, exponent
-    return fixed_bound(dtype)
-
-
-def fixed_bound(dtype: DataType) -> int | None:
     return _FIXED.get(type(dtype))
 
 
