@@ -18,9 +18,11 @@ ORDER = "__dpone__order"  # source order, used by keep_last / keep_first and ord
 # JSON drift past the schema sample: a record's unknown top-level keys and its text (extract only).
 UNKNOWN_KEYS = "__dpone__unknown_keys"
 UNKNOWN_TEXT = "__dpone__unknown_text"
+# Flat JSON, before the batch is kept: the read task decoded the record (spark/kafka_reader.py).
+JSON_OK = "__dpone__json_ok"
 
 METADATA = frozenset(
-    {OP, SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET, SOURCE_TIMESTAMP, SOURCE_KEY, SOURCE_HEADERS, CORRUPT, ORDER, UNKNOWN_KEYS, UNKNOWN_TEXT}
+    {OP, SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET, SOURCE_TIMESTAMP, SOURCE_KEY, SOURCE_HEADERS, CORRUPT, ORDER, UNKNOWN_KEYS, UNKNOWN_TEXT, JSON_OK}
 )
 
 UPSERT = "upsert"

@@ -223,3 +223,20 @@ def test_classification_table():
     assert classify_registry(None).cause == "Schema Registry unavailable"
     assert classify_text("dst: Local: Message timed out (code _MSG_TIMED_OUT)").cause == "delivery timed out"
     assert message_too_large(b"k", b"v" * 10, [("h", b"x")], 12) and not message_too_large(None, b"v", None, 12)
+
+
+def test_repeated_keys_are_counted_only_among_the_rows_that_are_produced(broker, spark, kafka_env, tmp_path):
+    """A key shared with an undecodable record (its key still parsed) or with a skipped delete is
+    not a repeated key: reconciliation expects one message per key actually produced."""
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("shared"), unique_topic("out")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    rows = [{"order_id": 1, "amount": 1.5}, {"order_id": 2, "amount": 2.5}, b'{"order_id": 2, "amount": "x"}', None, {"order_id": 3, "amount": 3.5}]
+    produce_json(bs, src, rows, partition=0, key=lambda row: b"1" if row is None else None)
+    options = "    on_error: skip\n    schema: [{name: order_id, type: long}, {name: amount, type: double}]"
+    deletes = "    deletes: {enabled: false, when_disabled: skip}"
+    result = run_pipeline(parse_manifest(manifest(src, dst, tmp_path, options, deletes)), spark)
+    assert (result.rows_skipped, result.deletes_skipped, result.duplicates_removed) == (1, 1, 0)
+    assert sorted(r["value"]["order_id"] for r in consume_all(bs, dst)) == [1, 2, 3]
+    assert result.messages_produced == 3

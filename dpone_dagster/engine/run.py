@@ -92,27 +92,39 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
 
 
 def _stage_batch(manifest: Manifest, extracted: Any, ctx: shape.ShapeContext) -> tuple[DataFrame, DataFrame, dict[str, Any]]:
-    """Persist the extracted batch (the one pass over the source) and read it once for its counts
-    and the facts shaping needs. Returns the persisted frame, the batch as read from it and the
-    counts.
+    """Keep the extracted batch (the one pass over the source) and read it once for its counts
+    and the facts shaping needs. Returns the kept frame (the caller releases it), the batch as
+    read from it and the counts.
 
     Flat JSON keeps the read tasks' output as it is when they decoded every record (no row copy
     before keeping it; each pass renames the columns). When some record needs the JVM decoder,
-    the decoded batch is kept instead, so that such records are parsed once."""
-    if extracted.records is not None:
-        records = keep_batch(extracted.records)
-        decoded_in_tasks, decoded = extracted.decode_kept(records)
-        counts = _batch_counts(manifest, decoded_in_tasks, ctx)
-        if not counts[UNDECODED]:
-            return records, decoded_in_tasks.drop(JSON_OK), counts
-        kept = keep_batch(decoded.drop(*extracted.rebuildable))
+    the decoded batch is kept instead, so that such records are parsed once; the first counting
+    pass is then repeated on it (drift past the schema sample always takes this way)."""
+    held: list[DataFrame] = []
+
+    def hold(frame: DataFrame) -> DataFrame:
+        held.append(keep_batch(frame))
+        return held[-1]
+
+    try:
+        if extracted.records is not None:
+            records = hold(extracted.records)
+            decoded_in_tasks, decoded = extracted.decode_kept(records)
+            counts = _batch_counts(manifest, decoded_in_tasks, ctx)
+            if not counts[UNDECODED]:
+                return records, decoded_in_tasks.drop(JSON_OK), counts
+            kept = hold(decoded.drop(*extracted.rebuildable))
+            staged = kept.withColumns(extracted.rebuildable)
+            counts = _batch_counts(manifest, staged, ctx)  # decoded from the kept read output
+            release_batch(records)
+            return kept, staged, counts
+        kept = hold(extracted.df.drop(*extracted.rebuildable))
         staged = kept.withColumns(extracted.rebuildable)
-        counts = _batch_counts(manifest, staged, ctx)  # decoded from the kept read output
-        release_batch(records)
-        return kept, staged, counts
-    kept = keep_batch(extracted.df.drop(*extracted.rebuildable))
-    staged = kept.withColumns(extracted.rebuildable)
-    return kept, staged, _batch_counts(manifest, staged, ctx)
+        return kept, staged, _batch_counts(manifest, staged, ctx)
+    except BaseException:
+        for frame in held:
+            release_batch(frame)
+        raise
 
 
 UNDECODED = "undecoded"  # records a read task left to the JVM decoder

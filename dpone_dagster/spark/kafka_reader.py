@@ -26,6 +26,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from dpone_dagster import columns as C
 from dpone_dagster.kafka.boundary import ReadTask
 from dpone_dagster.spark import arrow_json
 
@@ -56,7 +57,7 @@ _ARROW_SCHEMA = pa.schema(
 INCOMPLETE_READ = "DPONE_INCOMPLETE_READ"
 
 
-JSON_OK = "__dpone__json_ok"  # the record's value was decoded in the read task
+JSON_OK = C.JSON_OK  # the record's value was decoded in the read task
 
 
 def json_column(index: int) -> str:

@@ -14,11 +14,13 @@ from pyspark.sql import DataFrame
 
 
 def keeps_rows(frame: DataFrame) -> bool:
-    """True in local mode of a classic session (Spark Connect has no SparkContext here)."""
+    """True in local mode of a classic session (not `local-cluster`, whose executors are other
+    processes; Spark Connect has no SparkContext here)."""
     try:
-        return frame.sparkSession.sparkContext.master.startswith("local")
+        master = frame.sparkSession.sparkContext.master
     except Exception:
         return False
+    return master == "local" or master.startswith("local[")
 
 
 def keep_batch(frame: DataFrame) -> DataFrame:
