@@ -129,7 +129,6 @@ def reads_decoded(df: DataFrame) -> bool:
     return JSON_OK in df.columns
 
 
-
 def _with_decoded(raw: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     values = raw.column(5)
     decoded = arrow_json.decode_values(values, schema)
