@@ -150,3 +150,18 @@ def split_into_tasks(boundary: Boundary, records_per_task: int) -> list[ReadTask
             tasks.append(ReadTask(len(tasks), boundary.topic, r.partition, start, end))
             start = end
     return tasks
+
+
+def pack_tasks(tasks: list[ReadTask], slots: int | None) -> list[list[int]]:
+    """Indices of `tasks` grouped into at most `slots` Spark tasks of even size (largest slice to
+    the lightest group); each group keeps the slices' order. `None`, or no more slices than
+    slots: one Spark task per slice."""
+    if slots is None or len(tasks) <= slots:
+        return [[i] for i in range(len(tasks))]
+    groups: list[list[int]] = [[] for _ in range(slots)]
+    loads = [0] * slots
+    for i in sorted(range(len(tasks)), key=lambda i: (-(tasks[i].end - tasks[i].start), i)):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(i)
+        loads[lightest] += tasks[i].end - tasks[i].start
+    return [sorted(group) for group in groups]

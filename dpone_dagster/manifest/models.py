@@ -105,7 +105,8 @@ class KafkaSourceOptions(StrictModel):
     start_timestamp: datetime | None = None
     end_timestamp: datetime | None = None
     partitions: TimeWindowPartitions | None = None
-    # Upper bound on records one Spark task reads; larger ranges are split into several tasks.
+    # Upper bound on offsets in one read slice; larger ranges are split into several slices. A
+    # slice is a Spark task, except in local mode, where each task slot reads its share of them.
     records_per_task: int = Field(default=250_000, gt=0)
     # Sample size for schema inference when `schema` is not given.
     schema_sample_size: int = Field(default=1_000, gt=0)

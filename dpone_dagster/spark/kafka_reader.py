@@ -1,7 +1,8 @@
 """Read planned Kafka offset ranges on Spark executors.
 
-The driver fixes the ranges; each Spark task reads one slice with a confluent-kafka consumer
-(`assign`, never `subscribe`) and yields Arrow batches of raw records. Nothing in the task uses
+The driver fixes the ranges; a Spark task reads its slices (one, or in local mode its share of
+them, `spark/slots.py`) one after another with a confluent-kafka consumer (`assign`, never
+`subscribe`) and yields Arrow batches of raw records. Nothing in the task uses
 driver-local state: everything it needs travels in the pickled closure.
 """
 
@@ -27,8 +28,9 @@ from pyspark.sql.types import (
 )
 
 from dpone_dagster import columns as C
-from dpone_dagster.kafka.boundary import ReadTask
+from dpone_dagster.kafka.boundary import ReadTask, pack_tasks
 from dpone_dagster.spark import arrow_json
+from dpone_dagster.spark.slots import local_task_slots
 
 RAW_SCHEMA = StructType(
     [
@@ -77,7 +79,8 @@ class ReaderSettings:
 
 
 def read_ranges(spark: SparkSession, tasks: list[ReadTask], settings: ReaderSettings, json_schema: StructType | None = None) -> DataFrame:
-    """A DataFrame of raw records for every task; one Spark partition per task.
+    """A DataFrame of raw records for every task; one Spark partition per task (in local mode per
+    task slot, `pack_tasks`).
 
     With `json_schema` (flat JSON values, types `arrow_json` supports) the tasks also decode the
     values: columns `json_column(i)` per schema field and `JSON_OK` (false where the batch is left
@@ -104,14 +107,18 @@ def read_records(spark: SparkSession, tasks: list[ReadTask], settings: ReaderSet
     if topic is not None:
         output = StructType(output.fields[1:])
 
+    # One Spark task per slice, or per task slot in local mode (slices read one after another).
+    groups = [[specs[i] for i in group] for group in pack_tasks(tasks, local_task_slots(spark))]
+
     def read_tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            for task_id in batch.column(0).to_pylist():
-                for raw in _read_one_range(settings, *specs[task_id]):
-                    records = raw if decode_schema is None else _with_decoded(raw, decode_schema)
-                    yield records.drop_columns(["topic"]) if topic is not None else records
+            for group in batch.column(0).to_pylist():
+                for spec in groups[group]:
+                    for raw in _read_one_range(settings, *spec):
+                        records = raw if decode_schema is None else _with_decoded(raw, decode_schema)
+                        yield records.drop_columns(["topic"]) if topic is not None else records
 
-    return spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(read_tasks, output)
+    return spark.range(0, len(groups), 1, len(groups)).mapInArrow(read_tasks, output)
 
 
 def raw_records(records: DataFrame, tasks: list[ReadTask]) -> DataFrame:

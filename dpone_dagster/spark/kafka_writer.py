@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from dpone_dagster.kafka.delivery import STATS_COLUMNS, UNASSIGNED, DeliveryStats, aggregate
+from dpone_dagster.spark.slots import local_task_slots
 
 HEADERS_TYPE = "array<struct<key:string,value:binary>>"
 
@@ -41,6 +42,9 @@ def produce(messages: DataFrame, settings: ProducerSettings) -> DeliveryStats:
         handed = messages.select("key", "value", headers, "partition")
     else:
         handed = messages.select("key", "value")
+    slots = local_task_slots(messages.sparkSession)
+    if slots is not None:
+        handed = handed.coalesce(slots)  # one producer per task slot: one start, one flush wait each
     stats = handed.mapInArrow(produce_batches, STATS_COLUMNS)
     return aggregate(row.asDict() for row in stats.collect())
 

@@ -12,15 +12,11 @@ from __future__ import annotations
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 
+from dpone_dagster.spark.slots import local_mode
+
 
 def keeps_rows(frame: DataFrame) -> bool:
-    """True in local mode of a classic session (not `local-cluster`, whose executors are other
-    processes; Spark Connect has no SparkContext here)."""
-    try:
-        master = frame.sparkSession.sparkContext.master
-    except Exception:
-        return False
-    return master == "local" or master.startswith("local[")
+    return local_mode(frame.sparkSession)
 
 
 def keep_batch(frame: DataFrame) -> DataFrame:
