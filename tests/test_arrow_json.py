@@ -56,6 +56,12 @@ def test_values_decode_in_place_and_tombstones_stay_null_rows():
     assert rows[2] == {"id": 3, "amount": None, "status": None, "paid": None, "customer": None, "items": None}
 
 
+def test_a_slice_of_a_batch_decodes_only_its_own_values():
+    values = pa.array([b'{"id": 1}', b'{"id": 2}', None, b'{"id": 4}'], pa.binary())
+    columns = decode_values(values.slice(1, 2), ARROW)
+    assert columns is not None and columns[0].to_pylist() == [2, None]
+
+
 def test_a_batch_of_tombstones_only():
     assert decode(None, None) == [dict.fromkeys(ARROW.names)] * 2
 

@@ -12,6 +12,7 @@ the JVM. The guards below keep pyarrow's line-based reader aligned with the reco
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
@@ -49,6 +50,14 @@ def arrow_schema(schema: StructType) -> pa.Schema | None:
     return pa.schema(list(struct)) if struct is not None else None
 
 
+def _lines(values: pa.Array) -> pa.Buffer:
+    """The sentinel line, then one line per value, joined by Arrow (a Python bytes object per
+    value and the joins cost ~0.3 µs per record, measured)."""
+    lines = pa.concat_arrays([pa.array([_SENTINEL], pa.binary()), values])
+    joined = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, len(lines)], pa.int32()), lines), b"\n")
+    return joined[0].as_buffer()
+
+
 def decode_values(values: pa.Array, schema: pa.Schema) -> list[pa.Array] | None:
     """One array per schema field, aligned with `values` (null for null values = tombstones), or
     None when this batch must be decoded by the JVM."""
@@ -60,13 +69,14 @@ def decode_values(values: pa.Array, schema: pa.Schema) -> list[pa.Array] | None:
     # them inside strings, so a raw one is formatting — or two records in one value).
     if not pc.all(pc.starts_with(present, "{")).as_py():
         return None
-    buffer = _SENTINEL + b"\n" + b"\n".join(present.to_pylist())
-    if buffer.count(b"\n") != n or b"\r" in buffer:
+    buffer = _lines(present)
+    octets = np.frombuffer(buffer, np.uint8)
+    if np.count_nonzero(octets == ord("\n")) != n or (octets == ord("\r")).any():
         return None
     try:
         table = pa_json.read_json(
-            pa.py_buffer(buffer),
-            read_options=pa_json.ReadOptions(use_threads=False, block_size=max(1 << 20, len(buffer) + 1)),
+            buffer,
+            read_options=pa_json.ReadOptions(use_threads=False, block_size=max(1 << 20, buffer.size + 1)),
             parse_options=pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer"),
         )
         # The reader does not check UTF-8 (nor what escapes decode to); Spark's rules apply.
