@@ -28,6 +28,7 @@ from dpone_dagster.kafka.admin import ensure_sink_topic
 from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.kafka.errors import classify_text
 from dpone_dagster.manifest.models import KafkaSource, Manifest
+from dpone_dagster.manifest.rules import REGISTRY_FORMATS
 from dpone_dagster.sources.kafka import KafkaBatchSource, TimeWindow
 from dpone_dagster.spark import shape
 from dpone_dagster.spark.kafka_reader import JSON_OK
@@ -113,7 +114,7 @@ def _stage_batch(manifest: Manifest, extracted: Any, ctx: shape.ShapeContext) ->
             counts = _batch_counts(manifest, decoded_in_tasks, ctx)
             if not counts[UNDECODED]:
                 return records, decoded_in_tasks.drop(JSON_OK), counts
-            kept = hold(decoded.drop(*extracted.rebuildable))
+            kept = hold(decoded().drop(*extracted.rebuildable))
             staged = kept.withColumns(extracted.rebuildable)
             counts = _batch_counts(manifest, staged, ctx)  # decoded from the kept read output
             release_batch(records)
@@ -697,18 +698,15 @@ def _measured_messages(
 
 
 def _writes_registry_format(manifest: Manifest) -> bool:
-    from dpone_dagster.sinks.registry import REGISTRY_FORMATS
-
     return manifest.sink.options.message_format in REGISTRY_FORMATS
 
 
 def _registry_plan(manifest: Manifest, keyed: DataFrame, result: RunResult) -> Any:
     """Schema evolution against the sink subject (registry formats); None for JSON sinks."""
-    from dpone_dagster.sinks.registry import plan_registry_write
-
     if not _writes_registry_format(manifest):
         result.schema_evolution = {"target": "no registry: the target side of schema evolution is a no-op"}
         return None
+    from dpone_dagster.sinks.registry import plan_registry_write  # the registry clients: only when needed
     payload = StructType([f for f in keyed.schema.fields if f.name in C.payload_columns(keyed.columns) and f.name != shape.KEY])
     plan = plan_registry_write(manifest, payload, _registry_config(manifest.sink))
     result.schema_evolution = plan.as_dict()

@@ -116,7 +116,8 @@ def _declared(schema: StructType, confidence: float | None = None) -> list[dict[
 
 
 def physical_plan(manifest: Manifest) -> dict[str, Any]:
-    from dpone_dagster.sinks.registry import REGISTRY_FORMATS, record_name, writer_schema_text
+    from dpone_dagster.manifest.rules import REGISTRY_FORMATS
+    from dpone_dagster.sinks.registry import record_name, writer_schema_text
 
     inferred, source_schema = _infer(manifest)
     sink = manifest.sink

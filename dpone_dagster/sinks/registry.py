@@ -28,8 +28,6 @@ from dpone_dagster.schema.registry import (
 )
 from dpone_dagster.spark.registry_codec import KeyEncoding, apply_routes, encode_registry, key_schema
 
-REGISTRY_FORMATS = ("avro", "json_schema", "protobuf")
-
 
 @dataclass(frozen=True)
 class RegistryWritePlan:

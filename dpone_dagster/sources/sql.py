@@ -485,7 +485,7 @@ class SqlBatchSource:
             raw, how = self._read_jdbc(spark, boundary)
             notes.append(how)
         df, schema = self._finish(raw, boundary)
-        return ExtractResult(df=df, schema=schema, envelope="flat", notes=notes)
+        return ExtractResult(lambda: df, schema=schema, envelope="flat", notes=notes)
 
     def _read_jdbc(self, spark: SparkSession, boundary: SqlBoundary) -> tuple[DataFrame, str]:
         column, n = self.options.partition_column, self.options.num_partitions
