@@ -2,10 +2,10 @@
 
 In local mode the driver is the only executor and `defaultParallelism` its task slots. Work that
 pays a fixed cost per Spark task (a consumer or producer to start, a Python task to set up, a
-producer flush to wait for) is then run as one task per slot: on 2 cores, 2M order events took
-~10% less time than as 12 tasks. On a cluster the slot count can change while a run is planned
-(executors registering, dynamic allocation asks for executors by pending tasks), so tasks are
-left as they are there.
+producer flush to wait for) is then run as one task per slot: on 2 cores, 2M order events ran
+~5% faster, with ~2 CPU s less, than as 12 tasks. On a cluster the slot count can change while
+a run is planned (executors registering, dynamic allocation asks for executors by pending
+tasks), so tasks are left as they are there.
 """
 
 from __future__ import annotations
