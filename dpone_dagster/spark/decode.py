@@ -83,8 +83,7 @@ def decode_json(raw: DataFrame, schema: StructType, envelope: str, detect_unknow
         corrupt.isNotNull(),
         F.concat(F.lit("value is not JSON matching the schema at "), F.col("partition").cast("string"), F.lit("@"), F.col("offset").cast("string")),
     )
-    op = F.when(text.isNull() | op_text.isin(*DELETE_OPS), F.lit(C.DELETE)).otherwise(F.lit(C.UPSERT))
-    return stage.select(*decoded_columns(data, payload_fields, op, corrupt), *drift)
+    return stage.select(*decoded_columns(data, payload_fields, record_op(text, op_text), corrupt), *drift)
 
 
 def decoded_in_tasks(raw: DataFrame, schema: StructType) -> DataFrame:
@@ -95,8 +94,12 @@ def decoded_in_tasks(raw: DataFrame, schema: StructType) -> DataFrame:
     payload_fields = [f for f in schema.fields if f.name != C.OP]
     data = F.struct(*[F.col(json_column(names.index(f.name))).alias(f.name) for f in payload_fields])
     op_text = F.col(json_column(names.index(C.OP))) if C.OP in names else F.lit(None)
-    op = F.when(F.col("value").isNull() | op_text.isin(*DELETE_OPS), F.lit(C.DELETE)).otherwise(F.lit(C.UPSERT))
-    return raw.select(*decoded_columns(data, payload_fields, op, F.lit(None).cast("string")), JSON_OK)
+    return raw.select(*decoded_columns(data, payload_fields, record_op(F.col("value"), op_text), F.lit(None).cast("string")), JSON_OK)
+
+
+def record_op(value: Column, op_text: Column) -> Column:
+    """A tombstone (null value) or a delete op is a delete; anything else an upsert."""
+    return F.when(value.isNull() | op_text.isin(*DELETE_OPS), F.lit(C.DELETE)).otherwise(F.lit(C.UPSERT))
 
 
 def decoded_columns(data: Column, payload_fields: list[StructField], op: Column, corrupt: Column) -> list[Column]:

@@ -37,7 +37,7 @@ from dpone_dagster.errors import ConfigError
 from dpone_dagster.schema import avro, json_schema, protobuf
 from dpone_dagster.schema.evolution import EvolutionPlan
 from dpone_dagster.schema.registry import SCHEMA_TYPES, WireFormatError, frame, to_spark_value, unframe
-from dpone_dagster.spark.decode import DELETE_OPS, decoded_columns
+from dpone_dagster.spark.decode import decoded_columns, record_op
 
 _PAYLOAD = "__dpone__payload"
 _MAX_REASON = 500
@@ -251,7 +251,7 @@ def decode_registry(
     value = F.col("value")
     payload_fields = [f for f in spark_schema.fields if f.name != C.OP]
     op_text = payload.getField(C.OP) if any(f.name == C.OP for f in spark_schema.fields) else F.lit(None)
-    op = F.when(value.isNull() | op_text.isin(*DELETE_OPS), F.lit(C.DELETE)).otherwise(F.lit(C.UPSERT))
+    op = record_op(value, op_text)
     return decoded.select(*decoded_columns(payload, payload_fields, op, F.col(C.CORRUPT)))
 
 
