@@ -146,21 +146,31 @@ _KINDS: dict[int, str] = {}
 def _kind(pid: int) -> str:
     kind = _KINDS.get(pid)
     if kind is None:
-        kind = _KINDS[pid] = _read_kind(pid)
+        kind, settled = _read_kind(pid)
+        if settled:
+            _KINDS[pid] = kind
     return kind
 
 
-def _read_kind(pid: int) -> str:
+_LAUNCHERS = (b"bash", b"sh", b"dash", b"env")
+
+
+def _read_kind(pid: int) -> tuple[str, bool]:
+    """The process kind, and whether it is settled: the Spark JVM starts as a shell script
+    (spark-submit, spark-class) that later execs java under the same pid, so a launcher is
+    looked at again on the next sample instead of being remembered as what it is now."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             cmd = fh.read().replace(b"\0", b" ")
     except OSError:
-        return "other"
-    if b"java" in cmd.split(b" ")[0]:
-        return "jvm"
+        return "other", False
+    program = cmd.split(b" ")[0]
+    if b"java" in program:
+        return "jvm", True
+    settled = program.rsplit(b"/", 1)[-1] not in _LAUNCHERS
     if b"pyspark" in cmd or b"python" in cmd:
-        return "python_worker"
-    return "other"
+        return "python_worker", settled
+    return "other", settled
 
 
 @dataclass
