@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -68,13 +69,10 @@ class ExtractResult:
     # before keeping; each pass then renames its columns (see engine.run._stage_batch).
     records: DataFrame | None = None
     decode_kept: Callable[[DataFrame], tuple[DataFrame, Callable[[], DataFrame]]] | None = None
-    _df: DataFrame | None = field(default=None, init=False, repr=False)
 
-    @property
+    @cached_property
     def df(self) -> DataFrame:
-        if self._df is None:
-            self._df = self.build()
-        return self._df
+        return self.build()
 
 
 def default_group_id(manifest: Manifest) -> str:
