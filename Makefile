@@ -1,5 +1,6 @@
 # Two entry points: `make demo` (runs the example Kafka->Kafka asset on embedded defaults)
-# and `make test` (the test suite). Both create .venv on first use.
+# and `make test` (the test suite). Both create .venv on first use and run scripts/setup-test-env,
+# the machine set-up CI uses too (Java; for the tests also JDBC drivers, PostgreSQL, MariaDB).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -16,9 +17,11 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
+	scripts/setup-test-env demo
 	$(BIN)/python -m dpone_dagster.demo
 
 test: $(STAMP)
+	scripts/setup-test-env test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
