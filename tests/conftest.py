@@ -1,5 +1,10 @@
 """Shared test infrastructure: one embedded broker, one Spark session and one fresh PostgreSQL
-database for the whole session (all real; see TEST-ENVIRONMENT notes in the README)."""
+database for the whole session (all real; see TEST-ENVIRONMENT notes in the README).
+
+No quiet skips: under CI (`CI=true`) or with `DPONE_TEST_REQUIRE_SERVICES=1` a service the tests
+need that is unreachable fails the run with the reason, and any other skip fails too unless the
+test is marked `real_kafka` (it names the broker it needs). A developer's local run may skip; the
+end of the run prints one line with what was skipped and why."""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg2
 import pytest
@@ -20,6 +25,54 @@ from dpone_dagster.embedded_broker import EmbeddedBroker
 PG_HOST = os.environ.get("DPONE_TEST_PG_HOST", "127.0.0.1")
 PG_PORT = int(os.environ.get("DPONE_TEST_PG_PORT", "5432"))
 PG_USER = os.environ.get("DPONE_TEST_PG_USER", "postgres")
+
+REQUIRE_SERVICES = os.environ.get("CI", "").lower() in ("1", "true", "yes") or os.environ.get("DPONE_TEST_REQUIRE_SERVICES") == "1"
+# Skips that stay allowed under CI: each names what it needs in its reason.
+ALLOWED_SKIP_MARKERS = ("real_kafka",)
+
+
+def service_missing(service: str, detail: str) -> NoReturn:
+    """Fail (CI, DPONE_TEST_REQUIRE_SERVICES=1) or skip (a developer's local run) a test whose
+    service is unreachable; either way the reason names the service and how to start it."""
+    message = f"{service} unreachable: {' '.join(detail.split())} (scripts/setup-test-env starts it)"
+    if REQUIRE_SERVICES:
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def pg_admin_connection(**overrides: Any) -> Any:
+    """An admin connection to the test PostgreSQL, or service_missing with the reason."""
+    kwargs = {"host": PG_HOST, "port": PG_PORT, "user": PG_USER, "dbname": "postgres", "connect_timeout": 5, **overrides}
+    try:
+        return psycopg2.connect(**kwargs)
+    except psycopg2.OperationalError as exc:
+        service_missing("PostgreSQL", f"{PG_HOST}:{PG_PORT}: {str(exc).strip().splitlines()[0]}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI a skip is a failure unless the test carries an allowed marker."""
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_SERVICES and report.skipped and not any(item.get_closest_marker(m) for m in ALLOWED_SKIP_MARKERS):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true / DPONE_TEST_REQUIRE_SERVICES=1, which allows no skip: {reason}"
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """One line: how many tests were skipped, grouped by reason."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        terminalreporter.write_line("dpone: 0 skipped")
+        return
+    reasons: dict[str, int] = {}
+    for report in skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    parts = "; ".join(f"{count} x {reason}" for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1]))
+    terminalreporter.write_line(f"dpone: {len(skipped)} skipped: {parts}")
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +101,7 @@ def spark():
 def pg_database() -> Iterator[dict[str, Any]]:
     """A fresh database on the machine's PostgreSQL, dropped at the end of the session."""
     name = f"dpone_test_{uuid.uuid4().hex[:8]}"
-    admin = psycopg2.connect(host=PG_HOST, port=PG_PORT, user=PG_USER, dbname="postgres")
+    admin = pg_admin_connection()
     admin.autocommit = True
     with admin.cursor() as cur:
         cur.execute(f'CREATE DATABASE "{name}"')
