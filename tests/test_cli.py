@@ -220,11 +220,6 @@ def test_plan_with_unreachable_broker_renders_and_hides_secrets(no_kafka_env, mo
     monkeypatch.setenv("KAFKA_CLUSTER_SASL_PASSWORD", secret)
     path = write_manifest(tmp_path / "p.yaml", manifest_yaml("down_pipe", "orders", "b", local_state(tmp_path)))
 
-    for fmt in ("md", "json"):  # offline: no probe, still no secret
-        assert main(["plan", str(path), "--format", fmt, "--offline"]) == 0
-        out, err = capsys.readouterr()
-        assert secret not in out + err
-
     code, plan, err = run_json(capsys, "plan", str(path), "--format", "json")
     assert code == 0, err
     boundary = plan["source"]["boundary"]
@@ -233,11 +228,11 @@ def test_plan_with_unreachable_broker_renders_and_hides_secrets(no_kafka_env, mo
     assert secret not in json.dumps(plan) + err
     assert not (tmp_path / "state").exists()
 
-    from dpone_dagster.engine.plan import render_markdown
-
-    md = render_markdown(plan)
-    assert "Boundary: not resolved (cannot reach the Kafka cluster" in md
-    assert secret not in md
+    # The markdown plan resolves the connection and probes the broker too.
+    assert main(["plan", str(path), "--format", "md"]) == 0
+    out, err = capsys.readouterr()
+    assert "Boundary: not resolved (cannot reach the Kafka cluster" in out
+    assert secret not in out + err
 
 
 # --------------------------------------------------------------------------- run
@@ -518,3 +513,39 @@ def test_doctor_quick_without_kafka_configured_skips(no_kafka_env, capsys):
     out = capsys.readouterr().out
     kafka_row = next(line for line in out.splitlines() if "| kafka (kafka_cluster) |" in line)
     assert kafka_row.startswith("| SKIP |") and "export KAFKA_CLUSTER_BOOTSTRAP_SERVERS" in kafka_row
+
+
+def test_doctor_reports_jdbc_drivers_as_spark_sees_them(spark, monkeypatch):
+    """The driver classes are looked up in Spark's JVM: a jar that is not on Spark's class path is
+    reported with the package to install, whatever sits in /usr/share/java."""
+    from dpone_dagster import doctor
+
+    # The suite's session has the PostgreSQL and MariaDB jars on spark.jars, not jTDS.
+    check = doctor._jdbc_drivers_in_spark()
+    assert check.status == "warn"
+    assert "libjtds-java" in check.detail and "libpostgresql-jdbc-java" not in check.detail
+    assert "apt-get install" in check.fix
+
+    monkeypatch.setattr(doctor, "JDBC_DRIVERS", {"postgres": doctor.JDBC_DRIVERS["postgres"], "mysql": doctor.JDBC_DRIVERS["mysql"]})
+    check = doctor._jdbc_drivers_in_spark()
+    assert (check.status, check.detail) == ("ok", "postgres org.postgresql.Driver, mysql org.mariadb.jdbc.Driver")
+
+
+def test_doctor_reports_the_postgresql_the_tests_and_dagster_use(no_kafka_env, monkeypatch):
+    from dpone_dagster import doctor
+
+    for name in [k for k in os.environ if k.startswith(("POSTGRES_STATE_", "DAGSTER_PG_"))]:
+        monkeypatch.delenv(name)
+    reachable = doctor._postgres("postgres_state")
+    assert reachable.status == "ok" and reachable.name.startswith("postgres (127.0.0.1:5432") and "PostgreSQL" in reachable.detail
+
+    monkeypatch.setenv("DPONE_TEST_PG_PORT", "1")
+    down = doctor._postgres("postgres_state")
+    assert (down.status, down.name) == ("warn", "postgres (127.0.0.1:1, tests)")
+    assert "scripts/setup-test-env" in down.fix
+
+    monkeypatch.setenv("DAGSTER_PG_HOST", "127.0.0.1")
+    monkeypatch.setenv("DAGSTER_PG_PORT", "1")
+    dagster_pg = doctor._postgres("postgres_state")
+    assert (dagster_pg.status, dagster_pg.name) == ("warn", "postgres (DAGSTER_PG_*, dagster.yaml)")
+    assert "DAGSTER_PG_HOST" in dagster_pg.fix
