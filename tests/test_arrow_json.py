@@ -101,7 +101,16 @@ def test_anything_pyarrow_might_read_differently_goes_to_the_jvm(value):
 def test_only_types_with_identical_semantics_are_decoded_here():
     assert arrow_schema(struct(("at", TimestampType()))) is None
     assert arrow_schema(struct(("tags", ArrayType(struct(("at", TimestampType())))))) is None
-    assert arrow_schema(SCHEMA) is not None
+    assert arrow_schema(SCHEMA) == pa.schema(
+        [
+            ("id", pa.int64()),
+            ("amount", pa.float64()),
+            ("status", pa.string()),
+            ("paid", pa.bool_()),
+            ("customer", pa.struct([("city", pa.string())])),
+            ("items", pa.list_(pa.int64())),
+        ]
+    )
 
 
 def test_escapes_decode_like_json_and_lone_surrogates_go_to_the_jvm():

@@ -13,7 +13,6 @@ file written with the documented encoding.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import types
 import uuid
@@ -619,8 +618,8 @@ def _mssql_source(**options: Any) -> SqlBatchSource:
     return SqlBatchSource(manifest, JdbcConnection(host="127.0.0.1", user="sa", password="pw"))
 
 
-@pytest.mark.skipif(shutil.which("bcp") is not None, reason="bcp is installed on this machine")
-def test_bcp_without_the_bcp_command_is_a_config_error(spark):
+def test_bcp_without_the_bcp_command_is_a_config_error(spark, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # a machine without mssql-tools
     source = _mssql_source(export_mode="bcp")
     boundary = SqlBoundary(
         method="full",
@@ -649,10 +648,9 @@ def test_pyodbc_mode_without_pyodbc_is_a_config_error(db, spark, monkeypatch):
         source.extract(spark, boundary)
 
 
+@pytest.mark.parametrize("db", ["postgres"], indirect=True)  # the DB-API stand-in is psycopg2
 def test_pyodbc_mode_streams_batches_into_spark(db, spark, monkeypatch):
     """pyodbc itself is not installed here: a DB-API stand-in on psycopg2 / JDBC rows checks the path."""
-    if db.dialect != "postgres":
-        pytest.skip("the DB-API stand-in is psycopg2 (PostgreSQL)")
     import psycopg2
 
     fetches: list[int] = []
@@ -930,9 +928,8 @@ def test_cdc_extract_maps_operations_order_and_types(spark):
     assert rows[2][C.ORDER].asDict() == {"lsn": "0x0000002A000002000003", "seq": "0x0000002A000002000001"}
 
 
+@pytest.mark.parametrize("db", ["postgres"], indirect=True)  # timestamp with time zone is a PostgreSQL type
 def test_postgres_timestamptz_watermark_is_utc(db, spark):
-    if db.dialect != "postgres":
-        pytest.skip("timestamp with time zone is a PostgreSQL type")
     t = db.table("tz")
     db.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, changed TIMESTAMPTZ)")
     db.execute(f"INSERT INTO {t} VALUES (1, '2024-01-01 05:00:00+05:00'), (2, '2024-01-01 01:00:00+01:00')")

@@ -11,10 +11,11 @@ from collections.abc import Iterator
 
 import psycopg2
 import pytest
+from confluent_kafka.admin import AdminClient
 from conftest import PG_HOST, PG_PORT, PG_USER, consume_all, create_topic, unique_topic
 
-from dpone_dagster.engine.run import run_pipeline
-from dpone_dagster.errors import ConfigError
+from dpone_dagster.engine.run import RunRequest, run_pipeline
+from dpone_dagster.errors import RunFailed
 from dpone_dagster.manifest import parse_manifest
 from dpone_dagster.state.local import LocalStateStore
 
@@ -131,12 +132,30 @@ def test_incremental_reads_new_updated_and_tied_rows(broker, spark, kafka_env, d
 
 
 def test_watermark_stays_when_the_sink_fails(broker, spark, kafka_env, database, tmp_path):
+    """The sink topic disappears after the rows were read (a real delete on the broker): the run
+    fails and the stored watermark stays where the last successful run left it."""
+    bootstrap = broker.bootstrap_servers
     create_orders(database)
-    strategy = "{mode: incremental_append, unique_key: order_id}"
-    m = parse_manifest(manifest(database, unique_topic("missing"), tmp_path, strategy, "    incremental_column: updated_at"))
-    with pytest.raises(ConfigError, match="does not exist"):
-        run_pipeline(m, spark)
-    assert LocalStateStore(str(tmp_path)).load_watermark(m.name) is None
+    dst = unique_topic("sqlfail")
+    create_topic(bootstrap, dst, 1)
+    # A short delivery time-out: the producer gives up on the vanished topic after 5 s.
+    strategy = "{mode: incremental_append, unique_key: order_id}\n  options: {delivery: {producer_config: {message.timeout.ms: 5000}}}"
+    m = parse_manifest(manifest(database, dst, tmp_path, strategy, "    incremental_column: updated_at"))
+    run_pipeline(m, spark)
+    store = LocalStateStore(str(tmp_path))
+    before = store.load_watermark(m.name)
+    assert before["value"].startswith("2024-01-01")
+
+    database.execute("INSERT INTO orders VALUES (4, 1.00, 'late', true, '2024-01-03 00:00:00')")
+
+    def delete_sink_once_reading(message: str) -> None:
+        if message == "extract: started":
+            admin = AdminClient({"bootstrap.servers": bootstrap})
+            admin.delete_topics([dst])[dst].result(timeout=30)
+
+    with pytest.raises(RunFailed, match="were not delivered"):
+        run_pipeline(m, spark, RunRequest(log=delete_sink_once_reading))
+    assert store.load_watermark(m.name) == before
 
 
 def test_partitioned_read_delivers_every_row_once(broker, spark, kafka_env, database, tmp_path):
