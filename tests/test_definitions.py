@@ -4,10 +4,7 @@ real broker and Spark, and later runs fall back to the offsets recorded in Dagst
 from __future__ import annotations
 
 import importlib
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +19,6 @@ from dpone_dagster.manifest import ManifestError, load_manifest
 from dpone_dagster.resources import KafkaResource, SchemaRegistryResource
 
 REPO = Path(__file__).resolve().parents[1]
-DAGSTER = str(Path(sys.executable).parent / "dagster")
 
 
 def manifest_yaml(name: str, src: str, dst: str, state_path: Path | str, **strategy: str) -> str:
@@ -255,45 +251,6 @@ def test_a_failed_run_fails_the_step_and_records_no_materialization(broker, spar
     assert consume_all(bootstrap, dst) == []
 
 
-@pytest.mark.slow
-def test_dagster_cli_materializes_a_manifest_asset(broker, tmp_path):
-    """The real `dagster asset materialize` against the module, in its own process and Spark."""
-    bootstrap = broker.bootstrap_servers
-    src, dst = unique_topic("dgcli_src"), unique_topic("dgcli_dst")
-    create_topic(bootstrap, src, 2)
-    produce_json(bootstrap, src, orders(range(6)), partition=0)
-    produce_json(bootstrap, src, orders(range(50, 54)), partition=1)
-    home, manifests = tmp_path / "dagster_home", tmp_path / "manifests"
-    home.mkdir()
-    manifests.mkdir()
-    write_manifest(manifests / "cli.yaml", manifest_yaml("dgcli_pipe", src, dst, tmp_path / "state"))
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_CLUSTER_", "DPONE_CONN_KAFKA_CLUSTER_"))},
-        "DAGSTER_HOME": str(home),
-        "DPONE_MANIFESTS_DIR": str(manifests),
-        "KAFKA_CLUSTER_BOOTSTRAP_SERVERS": bootstrap,
-        "DPONE_SPARK_MASTER": "local[2]",
-    }
-    proc = subprocess.run(
-        [DAGSTER, "asset", "materialize", "-m", "dpone_dagster.definitions", "--select", "dgcli_pipe"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    out = consume_all(bootstrap, dst)
-    assert sorted(int(r["key"]) for r in out) == [*range(6), *range(50, 54)]
-    assert {int(r["key"]): r["value"]["amount"] for r in out}[52] == 104.0
-
-    # The materialization and its metadata landed in the DAGSTER_HOME instance.
-    with DagsterInstance.from_config(str(home)) as instance:
-        event = instance.get_latest_materialization_event(AssetKey(["dgcli_pipe"]))
-        assert event is not None
-        metadata = event.asset_materialization.metadata
-        assert metadata["rows_extracted"].value == 10
-        assert metadata[COMMITTED_OFFSETS].value == {"0": 6, "1": 4}
 
 
 def test_a_manifest_reading_another_manifests_sink_depends_on_its_asset(tmp_path):
