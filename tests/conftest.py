@@ -8,8 +8,10 @@ end of the run prints one line with what was skipped and why."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from dpone_dagster.embedded_broker import EmbeddedBroker
 
+REPO = Path(__file__).resolve().parents[1]
 PG_HOST = os.environ.get("DPONE_TEST_PG_HOST", "127.0.0.1")
 PG_PORT = int(os.environ.get("DPONE_TEST_PG_PORT", "5432"))
 PG_USER = os.environ.get("DPONE_TEST_PG_USER", "postgres")
@@ -97,21 +100,44 @@ def spark():
     session.stop()
 
 
-@pytest.fixture(scope="session")
-def pg_database() -> Iterator[dict[str, Any]]:
-    """A fresh database on the machine's PostgreSQL, dropped at the end of the session."""
-    name = f"dpone_test_{uuid.uuid4().hex[:8]}"
+@contextlib.contextmanager
+def fresh_pg_database(prefix: str = "dpone_test") -> Iterator[dict[str, Any]]:
+    """psycopg2 connect kwargs of a database created for the caller and dropped afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     admin = pg_admin_connection()
     admin.autocommit = True
     with admin.cursor() as cur:
         cur.execute(f'CREATE DATABASE "{name}"')
-    kwargs = {"host": PG_HOST, "port": PG_PORT, "user": PG_USER, "dbname": name}
     try:
-        yield kwargs
+        yield {"host": PG_HOST, "port": PG_PORT, "user": PG_USER, "dbname": name}
     finally:
         with admin.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+
+
+@contextlib.contextmanager
+def dagster_home_on_postgres(home: Path) -> Iterator[dict[str, str]]:
+    """`home` as a DAGSTER_HOME holding the repository's dagster.yaml, on a fresh PostgreSQL
+    database: yields the DAGSTER_HOME and DAGSTER_PG_* variables a Dagster process needs."""
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    with fresh_pg_database("dpone_dagster") as db:
+        yield {
+            "DAGSTER_HOME": str(home),
+            "DAGSTER_PG_HOST": db["host"],
+            "DAGSTER_PG_PORT": str(db["port"]),
+            "DAGSTER_PG_USERNAME": db["user"],
+            "DAGSTER_PG_PASSWORD": os.environ.get("DPONE_TEST_PG_PASSWORD", ""),
+            "DAGSTER_PG_DB": db["dbname"],
+        }
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[dict[str, Any]]:
+    """A fresh database on the machine's PostgreSQL, dropped at the end of the session."""
+    with fresh_pg_database() as kwargs:
+        yield kwargs
 
 
 @pytest.fixture

@@ -5,10 +5,8 @@ production instance config fails here, not on the first deployment."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,9 +17,10 @@ from conftest import (
     PG_HOST,
     PG_PORT,
     PG_USER,
+    REPO,
     consume_all,
     create_topic,
-    pg_admin_connection,
+    dagster_home_on_postgres,
     produce_json,
     unique_topic,
     write_manifest,
@@ -35,35 +34,14 @@ from dpone_dagster.manifest import load_manifest
 from dpone_dagster.sources.kafka import default_group_id
 from dpone_dagster.state import open_state_store
 
-REPO = Path(__file__).resolve().parents[1]
 DAGSTER = str(Path(sys.executable).parent / "dagster")
 
 
 @pytest.fixture(scope="module")
 def dagster_home(tmp_path_factory) -> Iterator[tuple[Path, dict[str, str]]]:
-    """A DAGSTER_HOME holding the repository's dagster.yaml, and the DAGSTER_PG_* variables of a
-    database created for this module (dropped afterwards)."""
-    name = f"dpone_dagster_{uuid.uuid4().hex[:8]}"
-    admin = pg_admin_connection()
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{name}"')
     home = tmp_path_factory.mktemp("dagster_home")
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
-    env = {
-        "DAGSTER_HOME": str(home),
-        "DAGSTER_PG_HOST": PG_HOST,
-        "DAGSTER_PG_PORT": str(PG_PORT),
-        "DAGSTER_PG_USERNAME": PG_USER,
-        "DAGSTER_PG_PASSWORD": os.environ.get("DPONE_TEST_PG_PASSWORD", ""),
-        "DAGSTER_PG_DB": name,
-    }
-    try:
+    with dagster_home_on_postgres(home) as env:
         yield home, env
-    finally:
-        with admin.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
 
 
 def _instance(dagster_home: tuple[Path, dict[str, str]], monkeypatch) -> DagsterInstance:
