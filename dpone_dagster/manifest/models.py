@@ -363,8 +363,20 @@ class ArtifactsConfig(StrictModel):
     path: str = ".dpone/runs"
 
 
+class MetricsConfig(StrictModel):
+    """Prometheus metrics of every run (observability/metrics.py lists them)."""
+
+    # A node-exporter textfile collector directory: the run writes dpone_<pipeline>.prom there.
+    textfile_dir: str | None = None
+    # A Pushgateway (http://host:9091); pushed under the grouping key {job, pipeline}.
+    pushgateway_url: str | None = None
+    job: str = "dpone"
+    push_timeout_seconds: float = Field(default=10.0, gt=0)
+
+
 class ObservabilityConfig(StrictModel):
     artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
 
 # --------------------------------------------------------------------------- dagster
