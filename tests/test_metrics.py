@@ -102,3 +102,39 @@ def test_the_pushgateway_keeps_the_last_success_across_a_failed_run(pushgateway)
     assert scraped[("dpone_last_run_records_read", None)] == 12
     assert scraped[("dpone_last_run_timestamp_seconds", None)] == 1_700_000_900.0
     assert scraped[("dpone_last_success_timestamp_seconds", None)] == 1_700_000_000.0
+
+
+def test_a_run_writes_its_own_figures_to_the_textfile(broker, spark, kafka_env, tmp_path):
+    from conftest import create_topic, produce_json, unique_topic
+
+    from dpone_dagster.engine.run import run_pipeline
+    from dpone_dagster.manifest import parse_manifest
+
+    src, dst = unique_topic("metrics_src"), unique_topic("metrics_dst")
+    create_topic(broker.bootstrap_servers, src, 2)
+    create_topic(broker.bootstrap_servers, dst, 2)
+    produce_json(broker.bootstrap_servers, src, [{"order_id": i, "amount": i * 1.5} for i in range(30)], partition=0)
+    produce_json(broker.bootstrap_servers, src, [{"order_id": i, "amount": 1.0} for i in range(100, 112)], partition=1)
+    textfile_dir = tmp_path / "node_exporter"
+    manifest = parse_manifest(
+        f"""
+name: metrics_pipe
+source: {{type: kafka, connection_id: kafka_cluster, topic: {src}}}
+sink:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {dst}
+  strategy: {{mode: incremental_merge, unique_key: order_id}}
+state: {{type: local, path: {tmp_path}/state}}
+observability: {{metrics: {{textfile_dir: {textfile_dir}}}}}
+"""
+    )
+    result = run_pipeline(manifest, spark)
+    found = samples((textfile_dir / "dpone_metrics_pipe.prom").read_text(), "metrics_pipe")
+    assert found[("dpone_last_run_records_read", None)] == 42 == result.rows_extracted
+    assert found[("dpone_last_run_messages_produced", None)] == 42 == result.messages_produced
+    assert found[("dpone_last_run_produced_bytes", None)] == result.bytes_produced > 42 * 20
+    assert found[("dpone_last_run_lag_messages", None)] == 0
+    assert found[("dpone_last_run_success", None)] == 1
+    assert {stage for (name, stage) in found if name == "dpone_last_run_stage_duration_seconds"} == set(result.timings)
+    assert {"extract", "load", "commit"} <= set(result.timings)

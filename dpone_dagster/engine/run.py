@@ -23,7 +23,7 @@ from dpone_dagster.connections import redact_known_secrets, resolve_kafka, resol
 from dpone_dagster.engine.bad_records import handle_bad_records
 from dpone_dagster.engine.offsets import OffsetStorage
 from dpone_dagster.engine.results import RunResult
-from dpone_dagster.errors import ConfigError, DponeError, RunFailed
+from dpone_dagster.errors import ConfigError, DataRefused, DponeError, RunFailed
 from dpone_dagster.kafka.admin import ensure_sink_topic
 from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.kafka.errors import classify_text
@@ -80,6 +80,7 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
         store.finish_run_failed(_record(record, result, "failed"))
         store.unlock(manifest.name)
         store.close()
+        _export_metrics(manifest, result, request.log)
         _write_artifacts(manifest, result, request.log)
         error = exc if isinstance(exc, DponeError) else RunFailed(f"run {run_id} failed: {result.error}")
         error.result = result
@@ -88,8 +89,27 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
         raise error from exc
     store.unlock(manifest.name)
     store.close()
+    _export_metrics(manifest, result, request.log)
     _write_artifacts(manifest, result, request.log)
     return result
+
+
+def _export_metrics(manifest: Manifest, result: RunResult, log: Log) -> None:
+    """Prometheus metrics where observability.metrics says; a failed export is noted in the run's
+    result and log, never turned into a failed run (the data already moved or already failed)."""
+    from dpone_dagster.observability.metrics import export_run_metrics
+
+    config = manifest.observability.metrics
+    if not (config.textfile_dir or config.pushgateway_url):
+        return
+    try:
+        where = export_run_metrics(config, result, finished_at=time.time())
+    except Exception as exc:  # noqa: BLE001 - any exporter failure is reported the same way
+        note = f"metrics: export failed ({redact_known_secrets(str(exc))})"
+        result.notes.append(note)
+        log(note)
+        return
+    log(f"metrics: written to {', '.join(where)}")
 
 
 def _stage_batch(manifest: Manifest, extracted: Any, ctx: shape.ShapeContext) -> tuple[DataFrame, DataFrame, dict[str, Any]]:
@@ -541,7 +561,7 @@ def _pre_publish_gates(manifest: Manifest, staged: DataFrame, incremental: bool,
     result.gates.extend(g.as_dict() for g in gates)
     blocking = failed_gates(gates)
     if blocking:
-        raise RunFailed(
+        raise DataRefused(
             "quality gate(s) failed before publishing, nothing was produced and no state advanced: "
             + "; ".join(f"{g.name}: {g.description}" for g in blocking)
         )
