@@ -2,6 +2,11 @@
 
 The CLI maps them to exit codes: ConfigError -> 2 (fix the manifest or environment),
 RunFailed -> 1 (the run started and failed; nothing was committed past what was delivered).
+
+`retryable` says whether running the same work again, unchanged, can succeed: a broker time-out,
+a lost connection or a crashed worker can; a refused manifest, a failed quality gate or a bad
+record under `on_error: fail` fails the same way every time, so Dagster does not retry it
+(assets/factory.py turns this into the run's retry tags).
 """
 
 
@@ -12,6 +17,7 @@ class DponeError(Exception):
     """
 
     result = None
+    retryable = False
 
 
 class ConfigError(DponeError):
@@ -19,4 +25,21 @@ class ConfigError(DponeError):
 
 
 class RunFailed(DponeError):
-    """A run that started and failed; state did not advance."""
+    """A run that started and failed; state did not advance. Retryable unless a subclass says the
+    data itself was refused."""
+
+    retryable = True
+
+
+class DataRefused(RunFailed):
+    """The data broke a rule the manifest declares (a quality gate, a bad record under
+    `on_error: fail`): the same input fails again, so the run is not retried."""
+
+    retryable = False
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether a later attempt of the same run can succeed. Errors raised outside this project
+    (a broker, database or JVM failure) count as retryable: retrying is safe, since a failed run
+    advances no state."""
+    return exc.retryable if isinstance(exc, DponeError) else True

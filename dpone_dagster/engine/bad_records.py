@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from dpone_dagster.engine.results import RunResult
-from dpone_dagster.errors import RunFailed
+from dpone_dagster.errors import DataRefused, RunFailed
 from dpone_dagster.kafka.admin import ensure_sink_topic
 from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.manifest.models import KafkaSource, Manifest, TopicCreation
@@ -40,7 +40,7 @@ def handle_bad_records(
     if policy == "fail":
         sample = bad.orderBy("partition", "offset").limit(5).collect()
         where = ", ".join(f"{r['partition']}@{r['offset']} ({r['reason']})" for r in sample)
-        raise RunFailed(
+        raise DataRefused(
             f"{count} {what} (partition@offset: {where}); nothing was produced. Fix the producer, or set "
             "source.options.on_error: dead_letter (with dead_letter.topic) or skip"
         )
