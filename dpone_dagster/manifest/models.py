@@ -66,6 +66,9 @@ class ColumnSpec(StrictModel):
 # --------------------------------------------------------------------------- kafka source
 
 
+DEFAULT_ALLOWED_LATENESS_SECONDS = 300
+
+
 class TimeWindowPartitions(StrictModel):
     """Dagster time-window partitions for read_mode: time_window."""
 
@@ -73,10 +76,26 @@ class TimeWindowPartitions(StrictModel):
     cron: str | None = None
     start: str = "2024-01-01T00:00:00"
     timezone: str = "UTC"
-    # A window runs only once it is closed and this much time has passed after its end.
-    allowed_lateness_seconds: int = Field(default=0, ge=0)
+    # A window runs only once it is closed and this much time has passed after its end. The
+    # default waits out a producer's default delivery timeout (120 s) with room for clock skew.
+    allowed_lateness_seconds: int = Field(default=DEFAULT_ALLOWED_LATENESS_SECONDS, ge=0)
+    # A record whose timestamp is before the start of the window whose offsets hold it (it was
+    # written after its own window was materialized, or out of order): delivered with that window
+    # and counted as late_records (next_window), or the run fails before publishing (fail).
+    late_records: Literal["next_window", "fail"] = "next_window"
     # What to do when a window starts before the log start offset (retention removed records).
     on_retention_gap: Literal["fail", "warn"] = "fail"
+
+    @field_validator("late_records", mode="before")
+    @classmethod
+    def _late_records_policy(cls, value: Any) -> Any:
+        if value == "dead_letter":
+            raise ValueError(
+                "dead_letter is not available for late records (dead letters must not leave before the "
+                "pre-publish gates pass); use next_window (deliver them with the window that holds them, "
+                "counted as late_records) or fail"
+            )
+        return value
 
 
 class DeadLetterOptions(StrictModel):
@@ -378,6 +397,12 @@ class SensorOptions(StrictModel):
     min_new_messages: int = Field(default=1, gt=0)
     minimum_interval_seconds: int = Field(default=60, gt=0)
     running_by_default: bool = False
+    # Time windows: how many closed windows back the first tick looks (later ticks keep watching
+    # from there), the runs one window gets before the sensor stops requesting it, and the wait
+    # after a failed run (doubled after each further failure).
+    catch_up_windows: int = Field(default=24, gt=0)
+    max_attempts: int = Field(default=3, gt=0)
+    retry_backoff_seconds: int = Field(default=300, ge=0)
 
 
 class DagsterOptions(StrictModel):
