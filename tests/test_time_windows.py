@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from conftest import consume_all, create_topic, produce_json, unique_topic
+from conftest import consume_all, consume_raw, create_topic, produce_json, unique_topic
 from dagster import DagsterInstance, materialize
 from dagster_pyspark import LazyPySparkResource
 
@@ -238,7 +238,7 @@ def ms(text: str) -> int:
     return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp() * 1000)
 
 
-def manifest_text(src: str, dst: str, state: Path, late: str = "") -> str:
+def manifest_text(src: str, dst: str, state: Path, late: str = "", options: str = "") -> str:
     return f"""
 name: windows_{src}
 source:
@@ -248,6 +248,7 @@ source:
   options:
     read_mode: time_window
     partitions: {{granularity: hourly, start: "2024-03-01T00:00:00"{late}}}
+{options}
 sink:
   type: kafka
   connection_id: kafka_cluster
@@ -339,9 +340,39 @@ def test_late_records_fail_policy_stops_the_run_before_publishing(broker, spark,
     assert list(windows) == ["2024-03-01T00:00:00+00:00"]  # hour 1 recorded nothing
 
 
-def test_dead_letter_for_late_records_is_refused_at_validation(tmp_path):
-    with pytest.raises(ManifestError, match="late_records.*dead_letter is not available"):
+def test_dead_letter_for_late_records_needs_a_dead_letter_topic(tmp_path):
+    with pytest.raises(ManifestError, match="late_records: dead_letter needs source.options.dead_letter"):
         parse_manifest(manifest_text("s", "d", tmp_path, ", late_records: dead_letter"))
+
+
+def test_late_records_dead_letter_policy_sends_them_with_the_run_output(broker, spark, kafka_env, tmp_path):
+    """Late records leave the sink batch and reach the dead-letter topic once, with a reason; a run
+    stopped by a pre-publish gate sends none of them."""
+    bs = broker.bootstrap_servers
+    src, dst, dlq = unique_topic("wsrc"), unique_topic("wdst"), unique_topic("wdlq")
+    for topic in (src, dst, dlq):
+        create_topic(bs, topic, 1)
+    text = manifest_text(src, dst, tmp_path, ", late_records: dead_letter", f"    dead_letter: {{topic: {dlq}}}")
+    manifest = parse_manifest(text)
+    gated = parse_manifest(text + "quality:\n  mode: fail\n  checks:\n    - {type: min_rows, threshold: 1000}\n")
+    instance = DagsterInstance.ephemeral()
+    produce_json(bs, src, [{"id": "a"}], partition=0, timestamps=[ms("2024-03-01T00:10:00")])
+    run_window(instance, build_manifest_asset(manifest), H0)
+    produce_json(bs, src, [{"id": "late"}, {"id": "d"}], partition=0,
+                 timestamps=[ms("2024-03-01T00:45:00"), ms("2024-03-01T01:10:00")])
+
+    failed, _ = run_window(instance, build_manifest_asset(gated), H1, raise_on_error=False)
+    assert not failed.success
+    assert consume_all(bs, dlq) == [] and ids_in(bs, dst) == ["a"]  # the gate stopped everything
+
+    _, metadata = run_window(instance, build_manifest_asset(manifest), H1)
+    assert metadata["late_records"].value == 1
+    assert ids_in(bs, dst) == ["a", "d"]
+    [letter] = consume_raw(bs, dlq)
+    assert json.loads(letter["value"]) == {"id": "late"}
+    headers = dict(letter["headers"])
+    assert headers["dpone.error.source.offset"] == b"1"
+    assert headers["dpone.error.reason"].startswith(b"late record: timestamp 2024-03-01T00:45:00")
 
 
 def test_default_allowed_lateness_is_five_minutes(tmp_path):

@@ -307,17 +307,20 @@ def _plan_kafka(
     result.lag_before = boundary.lag_before
     # A time window or a replaced slice is addressed by its bounds, not by a cursor.
     advance = boundary.method != "time_window" and manifest.sink.strategy.mode != "replace"
-    reader = time_windows.LateRecordScreen(source, result) if boundary.method == "time_window" else source
+    screen = time_windows.LateRecordScreen(source, result, kafka_config(manifest.sink)) if boundary.method == "time_window" else None
 
     def commit(success: RunRecord) -> dict[int, int]:
-        windows = record_of(boundary.windows, success.run_id) if boundary.method == "time_window" else None
+        windows = None
+        if screen is not None:
+            screen.send_dead_letters()  # with the run's output: after the gates and the sink, before the state
+            windows = record_of(boundary.windows, success.run_id)
         offsets.commit(success, boundary.end_offsets if advance else None, windows)
         result.lag_after = boundary.lag_before - boundary.total if advance else None
         return boundary.end_offsets if advance else {}
 
     incremental = boundary.method in ("offsets", "max_records") and manifest.sink.strategy.mode not in ("full_refresh", "replace")
     summary = f"{boundary.total} offsets in {len(boundary.ranges)} partition(s) of '{boundary.topic}'"
-    return _PlannedRead(reader, boundary, summary, f"'{boundary.topic}'", incremental, commit)
+    return _PlannedRead(screen or source, boundary, summary, f"'{boundary.topic}'", incremental, commit)
 
 
 def _plan_sql(manifest: Manifest, spark: SparkSession, store: StateStore) -> _PlannedRead:

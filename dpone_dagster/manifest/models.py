@@ -11,7 +11,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ConnectionType = Literal["env", "params", "airflow", "vault"]
 MessageFormat = Literal["json", "json_schema", "avro", "protobuf"]
@@ -81,21 +81,11 @@ class TimeWindowPartitions(StrictModel):
     allowed_lateness_seconds: int = Field(default=DEFAULT_ALLOWED_LATENESS_SECONDS, ge=0)
     # A record whose timestamp is before the start of the window whose offsets hold it (it was
     # written after its own window was materialized, or out of order): delivered with that window
-    # and counted as late_records (next_window), or the run fails before publishing (fail).
-    late_records: Literal["next_window", "fail"] = "next_window"
+    # and counted as late_records (next_window), sent to source.options.dead_letter.topic with the
+    # run's output (dead_letter), or the run fails before publishing (fail).
+    late_records: Literal["next_window", "dead_letter", "fail"] = "next_window"
     # What to do when a window starts before the log start offset (retention removed records).
     on_retention_gap: Literal["fail", "warn"] = "fail"
-
-    @field_validator("late_records", mode="before")
-    @classmethod
-    def _late_records_policy(cls, value: Any) -> Any:
-        if value == "dead_letter":
-            raise ValueError(
-                "dead_letter is not available for late records (dead letters must not leave before the "
-                "pre-publish gates pass); use next_window (deliver them with the window that holds them, "
-                "counted as late_records) or fail"
-            )
-        return value
 
 
 class DeadLetterOptions(StrictModel):
@@ -138,6 +128,15 @@ class KafkaSourceOptions(StrictModel):
     # or skip it; every bad record is counted either way.
     on_error: Literal["fail", "dead_letter", "skip"] = "fail"
     dead_letter: DeadLetterOptions | None = None
+
+    @model_validator(mode="after")
+    def _late_records_need_a_topic(self) -> KafkaSourceOptions:
+        if self.partitions is not None and self.partitions.late_records == "dead_letter" and self.dead_letter is None:
+            raise ValueError(
+                "partitions.late_records: dead_letter needs source.options.dead_letter: {topic: <dead-letter topic>} "
+                "(or use late_records: next_window or fail)"
+            )
+        return self
 
 
 class KafkaSource(ConnectionRef):

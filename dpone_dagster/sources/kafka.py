@@ -172,29 +172,17 @@ class KafkaBatchSource:
     def late_records(self, spark: SparkSession, boundary: Boundary) -> dict[str, int]:
         """Per window (start, ISO 8601): records whose timestamp is before the start of the window
         whose offsets hold them. One Spark pass over the windows' offsets (a count: nothing is kept)."""
-        if boundary.method != "time_window" or not boundary.windows or not boundary.total:
-            return {}
-        late = None
-        for index, window in enumerate(boundary.windows):
-            for r in window["partitions"]:
-                if r["end"] <= r["start"]:
-                    continue
-                held = (F.col("partition") == r["partition"]) & F.col("offset").between(r["start"], r["end"] - 1)
-                condition = F.when(held & (F.col("timestamp") < window["start_ms"]), F.lit(index))
-                late = condition if late is None else F.coalesce(late, condition)
+        late = late_window(boundary, F.col("partition"), F.col("offset"), F.col("timestamp"))
         if late is None:
             return {}
-        tasks = split_into_tasks(boundary, self.options.records_per_task)
-        counts = (
-            read_ranges(spark, tasks, self._reader_settings())
-            .select(late.alias("window"))
-            .where(F.col("window").isNotNull())
-            .groupBy("window")
-            .count()
-            .collect()
-        )
+        windows = self.raw_records(spark, boundary).select(late.alias("window")).where(F.col("window").isNotNull())
+        counts = windows.groupBy("window").count().collect()
         by_index = {row["window"]: row["count"] for row in counts}
         return {w["start"]: int(by_index.get(i, 0)) for i, w in enumerate(boundary.windows)}
+
+    def raw_records(self, spark: SparkSession, boundary: Boundary) -> DataFrame:
+        """The boundary's records as read (columns of kafka_reader.RAW_SCHEMA); re-readable."""
+        return read_ranges(spark, split_into_tasks(boundary, self.options.records_per_task), self._reader_settings())
 
     # ----------------------------------------------------------------------- extract
 
@@ -395,6 +383,22 @@ def _loads(value: bytes | str | None) -> Any:
         return json.loads(value)
     except (ValueError, UnicodeDecodeError):
         return None  # counted as corrupt by the Spark decode
+
+
+def late_window(boundary: Boundary, partition: Column, offset: Column, timestamp_ms: Column) -> Column | None:
+    """The index of the window that holds a record whose timestamp is before that window's start
+    (a late record), null for every other record; None when no window holds an offset."""
+    if boundary.method != "time_window" or not boundary.windows or not boundary.total:
+        return None
+    late = None
+    for index, window in enumerate(boundary.windows):
+        for r in window["partitions"]:
+            if r["end"] <= r["start"]:
+                continue
+            held = (partition == r["partition"]) & offset.between(r["start"], r["end"] - 1)
+            condition = F.when(held & (timestamp_ms < window["start_ms"]), F.lit(index))
+            late = condition if late is None else F.coalesce(late, condition)
+    return late
 
 
 def _within_log(topic: str, planned: PlannedWindow, watermarks: dict[int, Watermarks]) -> PlannedWindow:
