@@ -6,7 +6,8 @@
   cursor), so a failed run can never make the sensor skip data.
 - time_window mode: a run request for every closed window (allowed lateness passed) that holds
   data and is not materialized, from the oldest window still watched (the cursor; on the first
-  tick `catch_up_windows` back) on. A window whose run failed is requested again after a backoff
+  tick `catch_up_windows` back, and never further back than that) on, at most 24 per tick. A
+  window whose run failed is requested again after a backoff
   (`retry_backoff_seconds`, doubled per failure) until `max_attempts` runs failed; run key
   `<pipeline>:<partition key>:<attempt>`, tags `dpone/attempt`, `dpone/max_attempts`,
   `dpone/backoff_seconds`. A window under way is not requested twice.

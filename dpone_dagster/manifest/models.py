@@ -396,9 +396,9 @@ class SensorOptions(StrictModel):
     min_new_messages: int = Field(default=1, gt=0)
     minimum_interval_seconds: int = Field(default=60, gt=0)
     running_by_default: bool = False
-    # Time windows: how many closed windows back the first tick looks (later ticks keep watching
-    # from there), the runs one window gets before the sensor stops requesting it, and the wait
-    # after a failed run (doubled after each further failure).
+    # Time windows: how many closed windows back the first tick looks (and the furthest back any
+    # later tick looks), the runs one window gets before the sensor stops requesting it, and the
+    # wait after a failed run (doubled after each further failure).
     catch_up_windows: int = Field(default=24, gt=0)
     max_attempts: int = Field(default=3, gt=0)
     retry_backoff_seconds: int = Field(default=300, ge=0)
