@@ -4,8 +4,13 @@
   is derived from the stored offsets and the watermarks, so it changes whenever a run commits or
   new data arrives; the decision always compares against the stored offsets (never against the
   cursor), so a failed run can never make the sensor skip data.
-- time_window mode: a run request per newly closed window that holds data (run key
-  `<pipeline>:<partition key>`); the cursor is the last window evaluated.
+- time_window mode: a run request for every closed window (allowed lateness passed) that holds
+  data and is not materialized, from the oldest window still watched (the cursor; on the first
+  tick `catch_up_windows` back, and never further back than that) on, at most 24 per tick. A
+  window whose run failed is requested again after a backoff
+  (`retry_backoff_seconds`, doubled per failure) until `max_attempts` runs failed; run key
+  `<pipeline>:<partition key>:<attempt>`, tags `dpone/attempt`, `dpone/max_attempts`,
+  `dpone/backoff_seconds`. A window under way is not requested twice.
 Every tick records an observation of the source topic asset: watermarks and lag in messages.
 """
 
@@ -14,19 +19,23 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from dagster import (
     AssetKey,
     AssetObservation,
+    DagsterRunStatus,
     DefaultSensorStatus,
     MetadataValue,
     RunRequest,
+    RunsFilter,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
     sensor,
 )
+from dagster._core.storage.tags import PARTITION_NAME_TAG
 
 from dpone_dagster.assets.factory import source_asset_key
 from dpone_dagster.assets.partitions import partition_settings, partitions_def_for, window_for_key
@@ -36,6 +45,7 @@ from dpone_dagster.resources.kafka import KafkaResource
 from dpone_dagster.sources.kafka import KafkaBatchSource
 
 MAX_WINDOWS_PER_TICK = 24
+PIPELINE_TAG = "dpone/pipeline"
 
 
 def build_source_sensor(manifest: Manifest) -> SensorDefinition | None:
@@ -99,27 +109,108 @@ def _window_requests(
     settings = partition_settings(manifest)
     partitions_def = partitions_def_for(manifest)
     assert settings is not None and partitions_def is not None
+    options = manifest.dagster.sensor
     now = datetime.now(UTC)
     closed = partitions_def.get_partition_keys(current_time=now - timedelta(seconds=settings.allowed_lateness_seconds))
     if not closed:
         return SensorResult(skip_reason="no closed window yet", asset_events=[observation])
-    if context.cursor:
-        candidates = [k for k in closed if window_for_key(partitions_def, k).start >= window_for_key(partitions_def, context.cursor).end]
-    else:
-        candidates = closed[-1:]  # first tick: start with the newest closed window, no history
-    candidates = candidates[:MAX_WINDOWS_PER_TICK]
-    if not candidates:
-        return SensorResult(skip_reason="no newly closed window", asset_events=[observation])
-    source = KafkaBatchSource(manifest, config)
-    windows = [window_for_key(partitions_def, k) for k in candidates]
-    boundary = source.plan({}, windows)
-    requests = []
-    for key, window in zip(candidates, boundary.windows, strict=True):
-        if sum(r["end"] - r["start"] for r in window["partitions"]) > 0:
-            requests.append(
-                RunRequest(run_key=f"{manifest.name}:{key}", partition_key=key, tags={"dpone/pipeline": manifest.name})
-            )
-    return SensorResult(run_requests=requests, asset_events=[observation], cursor=candidates[-1])
+    since = _since(context.cursor, closed, options.catch_up_windows)
+    watched = closed[closed.index(since):]
+    materialized = context.instance.get_materialized_partitions(AssetKey([manifest.name]))
+    pending = [k for k in watched if k not in materialized]
+    sizes = _window_sizes(manifest, config, partitions_def, watched, pending)
+    requests, waiting = [], []
+    for key in [k for k in pending if sizes[k]][:MAX_WINDOWS_PER_TICK]:
+        decision = _attempt(context, manifest, key, now)
+        if isinstance(decision, str):
+            waiting.append(f"{key}: {decision}")
+        else:
+            requests.append(decision)
+    cursor = json.dumps({"since": _settled_until(watched, materialized, sizes)})
+    if requests:
+        return SensorResult(run_requests=requests, asset_events=[observation], cursor=cursor)
+    reason = "; ".join(waiting) if waiting else f"no closed window with data left to materialize since {since}"
+    return SensorResult(skip_reason=reason, asset_events=[observation], cursor=cursor)
+
+
+def _since(cursor: str | None, closed: list[str], catch_up: int) -> str:
+    """The oldest window still watched: the cursor's, never more than `catch_up` closed windows
+    back (the first tick's horizon; older windows are left to backfills, which also bounds the
+    lookups of one tick)."""
+    horizon = max(0, len(closed) - catch_up)
+    if cursor:
+        try:
+            since = json.loads(cursor).get("since")
+        except (ValueError, AttributeError):
+            since = cursor  # a cursor of an earlier sensor version: the last window it evaluated
+        if since in closed:
+            return closed[max(horizon, closed.index(since))]
+    return closed[horizon]
+
+
+def _window_sizes(
+    manifest: Manifest, config: dict, partitions_def: Any, watched: list[str], pending: list[str]
+) -> dict[str, int]:
+    """Offsets each pending window holds, planned as a run would plan it (recorded ranges first)."""
+    if not pending:
+        return {}
+    from dpone_dagster.engine.run import open_manifest_state_store
+    from dpone_dagster.engine.time_windows import load_recorded
+
+    span = watched[watched.index(pending[0]) : watched.index(pending[-1]) + 1]
+    store = open_manifest_state_store(manifest)
+    try:
+        recorded = load_recorded(manifest, store)
+    finally:
+        store.close()
+    windows = [window_for_key(partitions_def, k) for k in span]
+    boundary = KafkaBatchSource(manifest, config).plan({}, windows, recorded)
+    return {key: sum(r["end"] - r["start"] for r in w["partitions"]) for key, w in zip(span, boundary.windows, strict=True)}
+
+
+def _attempt(context: SensorEvaluationContext, manifest: Manifest, key: str, now: datetime) -> RunRequest | str:
+    """The next run of window `key`, or why not now: a run of it is under way, its attempts are
+    used up, or the backoff after its last failure has not passed."""
+    options = manifest.dagster.sensor
+    records = context.instance.get_run_records(
+        filters=RunsFilter(tags={PARTITION_NAME_TAG: key, PIPELINE_TAG: manifest.name}), limit=options.max_attempts + 1
+    )
+    if any(not r.dagster_run.is_finished for r in records):
+        return "a run is under way"
+    failures = [r for r in records if r.dagster_run.status == DagsterRunStatus.FAILURE]
+    if len(failures) >= options.max_attempts:
+        return f"gave up after {len(failures)} failed run(s) (max_attempts {options.max_attempts}); materialize it by hand"
+    backoff = options.retry_backoff_seconds * 2 ** (len(failures) - 1) if failures else 0
+    if failures:
+        ended = max(r.end_time or r.create_timestamp.timestamp() for r in failures)
+        left = ended + backoff - now.timestamp()
+        if left > 0:
+            return f"retry {len(failures) + 1} in {int(left) + 1}s (backoff {backoff}s)"
+    attempt = len(failures) + 1
+    return RunRequest(
+        run_key=f"{manifest.name}:{key}:{attempt}",
+        partition_key=key,
+        tags={
+            PIPELINE_TAG: manifest.name,
+            "dpone/attempt": str(attempt),
+            "dpone/max_attempts": str(options.max_attempts),
+            "dpone/backoff_seconds": str(backoff),
+        },
+    )
+
+
+def _settled_until(watched: list[str], materialized: Any, sizes: dict[str, int]) -> str:
+    """The first watched window that may still need a run. A window is settled once materialized,
+    or when it is empty and a later window is materialized: its offsets are then bounded by that
+    window's recorded start, and records appended later land after it."""
+    later_materialized = False
+    unsettled = watched[-1]
+    for key in reversed(watched):
+        done = key in materialized or (later_materialized and sizes.get(key) == 0)
+        later_materialized = later_materialized or key in materialized
+        if not done:
+            unsettled = key
+    return unsettled
 
 
 def _safe(name: str) -> str:

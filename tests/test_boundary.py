@@ -93,8 +93,8 @@ def test_a_range_not_read_to_its_planned_end_fails_and_stores_nothing(broker, sp
     produce_json(bs, src, [{"n": i} for i in range(10)], partition=0)
     planned = KafkaBatchSource.plan
 
-    def plan_past_the_end(self, stored, window=None):
-        boundary = planned(self, stored, window)
+    def plan_past_the_end(self, stored, window=None, recorded=None):
+        boundary = planned(self, stored, window, recorded)
         return Boundary(boundary.topic, boundary.method, (PartitionRange(0, 0, 13),))  # 3 offsets do not exist
 
     monkeypatch.setattr(KafkaBatchSource, "plan", plan_past_the_end)

@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -262,14 +262,14 @@ def test_offsets_sensor_requests_a_run_once_enough_messages_wait(broker, spark, 
     assert tick(manifest).run_requests[0].run_key != request.run_key
 
 
-def test_time_window_sensor_requests_newly_closed_windows_with_data(broker, spark, hourly, tmp_path):
+def test_time_window_sensor_watches_no_further_back_than_its_catch_up_horizon(broker, spark, hourly, tmp_path):
+    """The hourly fixture's windows (March 2024) are far older than the horizon (24 windows): a
+    cursor pointing at them, in either form, is clamped to it, so they are left to backfills (the
+    requests inside the horizon are tested in test_window_sensor.py)."""
     bs = broker.bootstrap_servers
     manifest = parse_manifest(manifest_text(hourly, new_sink(bs), tmp_path))
-    # Cursor at hour 00: the next closed windows are evaluated; only those with data are requested.
-    data = tick(manifest, cursor="2024-03-01-00:00")
-    keys = [r.partition_key for r in data.run_requests]
-    assert keys[:2] == ["2024-03-01-01:00", "2024-03-01-03:00"]  # 02:00 is empty
-    assert all(r.run_key == f"{manifest.name}:{r.partition_key}" for r in data.run_requests)
-    assert data.cursor == "2024-03-02-00:00"  # MAX_WINDOWS_PER_TICK (24) windows evaluated
-    nothing_new = tick(manifest, cursor=datetime.now(UTC).strftime("%Y-%m-%d-%H:00"))
-    assert nothing_new.run_requests == []
+    closed = partitions_def_for(manifest).get_partition_keys(current_time=datetime.now(UTC) - timedelta(seconds=300))
+    for cursor in (json.dumps({"since": "2024-03-01-00:00"}), "2024-03-01-01:00", None):
+        data = tick(manifest, cursor=cursor)
+        assert data.run_requests == []
+        assert json.loads(data.cursor) == {"since": closed[-24]}

@@ -181,6 +181,35 @@ def test_success_upserts_per_partition(store: StateStore) -> None:
     assert store.load_offsets(TOPIC, GROUP) == {0: 10, 1: 7, 2: 3}
 
 
+def window(start: str, end: str, partitions: dict[str, list[int]]) -> dict[str, dict[str, Any]]:
+    return {start: {"start": start, "end": end, "partitions": partitions}}
+
+
+def test_time_window_ranges_are_recorded_once(backend: Backend, store: StateStore) -> None:
+    """A window's ranges are written by its first successful run; a rerun (backfill) that passes
+    other ranges leaves them as they were, while a partition new to the window is added."""
+    h0, h1 = "2024-03-01T00:00:00+00:00", "2024-03-01T01:00:00+00:00"
+    first, second = run("r1"), run("r2", minutes=1)
+    store.start_run(first)
+    store.finish_run_success(first, TOPIC, GROUP, None, windows=window(h0, h1, {"0": [0, 3], "1": [0, 0]}))
+    store.start_run(second)
+    store.finish_run_success(second, TOPIC, GROUP, None, windows={
+        **window(h0, h1, {"0": [0, 5], "2": [0, 1]}),
+        **window(h1, "2024-03-01T02:00:00+00:00", {"0": [3, 7]}),
+    })  # fmt: skip
+    recorded = backend.open().load_windows(TOPIC, GROUP)
+    assert {k: (v["end"], v["partitions"]) for k, v in recorded.items()} == {
+        h0: (h1, {"0": [0, 3], "1": [0, 0], "2": [0, 1]}),
+        h1: ("2024-03-01T02:00:00+00:00", {"0": [3, 7]}),
+    }
+    assert store.load_offsets(TOPIC, GROUP) == {}  # windows never move the stored offsets
+    assert backend.open().load_windows(TOPIC, "other-group") == {}
+    third = run("r3", minutes=2)
+    store.start_run(third)
+    with pytest.raises(ValueError, match="invalid range"):
+        store.finish_run_success(third, TOPIC, GROUP, None, windows=window(h0, h1, {"0": [5, 3]}))
+
+
 def test_failed_run_keeps_offsets_and_records_error(store: StateStore) -> None:
     good = run("r1")
     store.start_run(good)
@@ -474,6 +503,18 @@ def test_pg_tables_have_the_documented_shape(pg_kwargs: dict[str, Any]) -> None:
         "etl_kafka_offsets": ["group_id", "topic", "partition"],
         "dpone_state": ["run_id"],
         "etl_watermarks": ["pipeline"],
+        "etl_kafka_window_offsets": ["group_id", "topic", "window_start", "partition"],
+    }
+    assert columns["etl_kafka_window_offsets"] == {
+        "group_id": "text",
+        "topic": "text",
+        "window_start": "timestamp with time zone",
+        "window_end": "timestamp with time zone",
+        "partition": "integer",
+        "start_offset": "bigint",
+        "end_offset": "bigint",
+        "run_id": "text",
+        "updated_at": "timestamp with time zone",
     }
 
 

@@ -111,11 +111,21 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None, 
         yield from check_results(check_specs, result.gates, complete=True)
         metadata = materialization_metadata(result)
         if keys:
-            by_key = {key: w["partitions"] for key, w in zip(keys, result.boundary.get("windows", []), strict=True)}
-            metadata["offset_ranges_by_partition"] = MetadataValue.json(by_key)
+            metadata.update(window_metadata(keys, result))
         yield MaterializeResult(metadata=metadata)
 
     return _materialize
+
+
+def window_metadata(keys: list[str], result: RunResult) -> dict[str, Any]:
+    """Per partition key: the offset ranges read (frozen from then on) and the late records."""
+    windows = dict(zip(keys, result.boundary.get("windows", []), strict=True))
+    return {
+        "offset_ranges_by_partition": MetadataValue.json({key: w["partitions"] for key, w in windows.items()}),
+        "late_records": MetadataValue.int(int(result.boundary.get("late_records", 0))),
+        "late_records_by_partition": MetadataValue.json({key: w.get("late_records", 0) for key, w in windows.items()}),
+        "frozen_partition_keys": MetadataValue.json(sorted(key for key, w in windows.items() if w.get("frozen"))),
+    }
 
 
 def quality_check_specs(manifest: Manifest, asset_key: AssetKey) -> list[AssetCheckSpec]:

@@ -1,7 +1,8 @@
 """Time-window partitions of a manifest with read_mode: time_window.
 
-A partition key maps to a window [start, end); the engine maps a window to per-partition
-offsets with a timestamp lookup. Adjacent windows share a boundary, so they never overlap.
+A partition key maps to a window [start, end); the engine maps a window to per-partition offsets
+(kafka/windows.py): the ranges its first run recorded, else its neighbours' recorded edges, else
+the timestamp lookup. Every offset belongs to exactly one window.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def partitions_def_for(manifest: Manifest) -> TimeWindowPartitionsDefinition | N
 
 def window_for_key(partitions_def: TimeWindowPartitionsDefinition, key: str) -> TimeWindow:
     window = partitions_def.time_window_for_partition_key(key)
-    return TimeWindow(window.start, window.end)
+    return TimeWindow(window.start, window.end, key)
 
 
 def is_closed(window: TimeWindow, settings: TimeWindowPartitions, now: datetime) -> bool:

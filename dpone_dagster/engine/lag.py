@@ -1,4 +1,5 @@
-"""How far a Kafka source's stored offsets are behind the topic (read-only)."""
+"""How far a Kafka source's stored offsets are behind the topic (read-only). A time-window
+source's position is the end of the newest materialized window (its recorded offsets)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from dpone_dagster.connections import resolve_kafka
 from dpone_dagster.engine.offsets import OffsetStorage
 from dpone_dagster.kafka import inspect
+from dpone_dagster.kafka.windows import last_recorded_ends
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.sources.kafka import default_group_id
 
@@ -37,6 +39,7 @@ class SourceLag:
 
 def source_lag(manifest: Manifest, client_config: dict[str, Any]) -> SourceLag:
     from dpone_dagster.engine.run import open_manifest_state_store
+    from dpone_dagster.engine.time_windows import is_time_window, load_recorded
 
     source = manifest.source
     assert isinstance(source, KafkaSource)
@@ -62,7 +65,10 @@ def source_lag(manifest: Manifest, client_config: dict[str, Any]) -> SourceLag:
     else:
         store = open_manifest_state_store(manifest)
         try:
-            stored = OffsetStorage(manifest, store, client_config, group_id).load()
+            if is_time_window(manifest):
+                stored = last_recorded_ends(load_recorded(manifest, store))
+            else:
+                stored = OffsetStorage(manifest, store, client_config, group_id).load()
         finally:
             store.close()
     return SourceLag(

@@ -34,14 +34,16 @@ class OffsetStorage:
         earlier = [r for r in self.store.list_runs(pipeline, limit=2) if r.run_id != run_id]
         return stored if earlier else dict(fallback)
 
-    def commit(self, record: RunRecord, end_offsets: dict[int, int] | None) -> None:
-        """Advance offsets (None: leave them) and mark the run successful."""
+    def commit(self, record: RunRecord, end_offsets: dict[int, int] | None, windows: dict[str, dict[str, Any]] | None = None) -> None:
+        """Advance offsets (None: leave them), record the time windows' offset ranges (they live in
+        the state store in both modes) and mark the run successful."""
+        recorded = {"windows": windows} if windows else {}  # only time-window runs pass them
         if self.mode == "kafka":
             if end_offsets:
                 self._commit_group(end_offsets)
-            self.store.finish_run_success(record, None, None, None)
+            self.store.finish_run_success(record, self.topic if windows else None, self.group_id if windows else None, None, **recorded)
         else:
-            self.store.finish_run_success(record, self.topic, self.group_id, end_offsets)
+            self.store.finish_run_success(record, self.topic, self.group_id, end_offsets, **recorded)
 
     def _consumer(self) -> Consumer:
         return Consumer(

@@ -20,6 +20,7 @@ from pyspark.sql.types import StructType
 
 from dpone_dagster import columns as C
 from dpone_dagster.connections import redact_known_secrets, resolve_kafka, resolve_postgres
+from dpone_dagster.engine import time_windows
 from dpone_dagster.engine.bad_records import handle_bad_records
 from dpone_dagster.engine.offsets import OffsetStorage
 from dpone_dagster.engine.results import RunResult
@@ -27,6 +28,7 @@ from dpone_dagster.errors import ConfigError, DataRefused, DponeError, RunFailed
 from dpone_dagster.kafka.admin import ensure_sink_topic
 from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.kafka.errors import classify_text
+from dpone_dagster.kafka.windows import record_of
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.manifest.rules import REGISTRY_FORMATS
 from dpone_dagster.sources.kafka import KafkaBatchSource, TimeWindow
@@ -320,19 +322,25 @@ def _plan_kafka(
     source = KafkaBatchSource(manifest, kafka_config(manifest.source), source_registry)
     offsets = OffsetStorage(manifest, store, source.client_config, source.group_id)
     stored = offsets.load(request.fallback_offsets, manifest.name, record.run_id)
-    boundary = source.plan(stored, request.windows)
+    # Windows materialized before read the offsets they recorded then (kafka/windows.py).
+    boundary = source.plan(stored, request.windows, time_windows.load_recorded(manifest, store))
     result.lag_before = boundary.lag_before
     # A time window or a replaced slice is addressed by its bounds, not by a cursor.
     advance = boundary.method != "time_window" and manifest.sink.strategy.mode != "replace"
+    screen = time_windows.LateRecordScreen(source, result, kafka_config(manifest.sink)) if boundary.method == "time_window" else None
 
     def commit(success: RunRecord) -> dict[int, int]:
-        offsets.commit(success, boundary.end_offsets if advance else None)
+        windows = None
+        if screen is not None:
+            screen.send_dead_letters()  # with the run's output: after the gates and the sink, before the state
+            windows = record_of(boundary.windows, success.run_id)
+        offsets.commit(success, boundary.end_offsets if advance else None, windows)
         result.lag_after = boundary.lag_before - boundary.total if advance else None
         return boundary.end_offsets if advance else {}
 
     incremental = boundary.method in ("offsets", "max_records") and manifest.sink.strategy.mode not in ("full_refresh", "replace")
     summary = f"{boundary.total} offsets in {len(boundary.ranges)} partition(s) of '{boundary.topic}'"
-    return _PlannedRead(source, boundary, summary, f"'{boundary.topic}'", incremental, commit)
+    return _PlannedRead(screen or source, boundary, summary, f"'{boundary.topic}'", incremental, commit)
 
 
 def _plan_sql(manifest: Manifest, spark: SparkSession, store: StateStore) -> _PlannedRead:

@@ -16,6 +16,7 @@ from confluent_kafka import OFFSET_END, Consumer, KafkaError, TopicPartition
 from dpone_dagster.errors import ConfigError, RunFailed
 from dpone_dagster.kafka.boundary import Watermarks
 from dpone_dagster.kafka.config import driver_client_config
+from dpone_dagster.kafka.timestamps import boundary_offset
 
 INSPECT_DEFAULTS: dict[str, Any] = {
     "enable.auto.commit": False,
@@ -94,46 +95,41 @@ class RecordProbe:
         """(offset, timestamp_ms) of the first record at offset >= `offset`, None at the end."""
         key = (partition, offset)
         if key not in self._cache:
-            self._cache[key] = self._read_one(partition, offset)
+            self._read_from(partition, offset)
         return self._cache[key]
 
-    def timestamps(self, partition: int, start: int, end: int) -> list[tuple[int, int]]:
-        """(offset, timestamp_ms) of the records in [start, end)."""
-        self._consumer.assign([TopicPartition(self._topic, partition, start)])
-        out: list[tuple[int, int]] = []
-        deadline = time.monotonic() + self._timeout_s
-        try:
-            while time.monotonic() < deadline:
-                for message in self._consumer.consume(num_messages=max(1, end - start), timeout=0.5):
-                    err = message.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            return out
-                        raise RunFailed(f"{self._topic}[{partition}]@{start}: fetch failed: {err}")
-                    if message.offset() >= end:
-                        return out
-                    out.append((message.offset(), message.timestamp()[1]))
-                    if message.offset() == end - 1:
-                        return out
-        finally:
-            self._consumer.unassign()
-        raise RunFailed(f"{self._topic}[{partition}]@{start}: no answer within {self._timeout_s}s")
+    # The timestamp rule looks at a record's neighbours: one fetch caches a few in a row.
+    READ_AHEAD = 5
 
-    def _read_one(self, partition: int, offset: int) -> tuple[int, int] | None:
+    def _read_from(self, partition: int, offset: int) -> None:
         self._consumer.assign([TopicPartition(self._topic, partition, offset)])
         deadline = time.monotonic() + self._timeout_s
+        read: list[tuple[int, int]] = []
         try:
             while time.monotonic() < deadline:
-                for message in self._consumer.consume(num_messages=1, timeout=0.5):
+                for message in self._consumer.consume(num_messages=self.READ_AHEAD - len(read), timeout=0.5):
                     err = message.error()
                     if err is None:
-                        return message.offset(), message.timestamp()[1]
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        return None
-                    raise RunFailed(f"{self._topic}[{partition}]@{offset}: fetch failed: {err}")
+                        read.append((message.offset(), message.timestamp()[1]))
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        self._remember(partition, offset, read, at_end=True)
+                        return
+                    else:
+                        raise RunFailed(f"{self._topic}[{partition}]@{offset}: fetch failed: {err}")
+                if len(read) >= self.READ_AHEAD:
+                    self._remember(partition, offset, read, at_end=False)
+                    return
         finally:
             self._consumer.unassign()
         raise RunFailed(f"{self._topic}[{partition}]@{offset}: no answer within {self._timeout_s}s")
+
+    def _remember(self, partition: int, offset: int, read: list[tuple[int, int]], at_end: bool) -> None:
+        """Consecutive records answer 'first at or after' for the offset after each predecessor."""
+        starts = [offset, *(record[0] + 1 for record in read)]
+        for start, record in zip(starts, read, strict=False):
+            self._cache[(partition, start)] = record
+        if at_end:
+            self._cache[(partition, starts[len(read)])] = None
 
 
 def offsets_for_timestamp(
@@ -143,12 +139,11 @@ def offsets_for_timestamp(
     watermarks: dict[int, Watermarks],
     timestamp_ms: int,
 ) -> dict[int, int]:
-    """First offset whose record timestamp is >= `timestamp_ms`, per partition (high watermark if none).
+    """Where `timestamp_ms` starts, per partition (the rule of kafka/timestamps.py).
 
-    The broker's index answer is used when the records around it confirm it; otherwise (the
-    embedded broker ignores record timestamps) a binary search over single-record reads decides.
-    Timestamps are assumed non-decreasing within a partition; a record written late with an older
-    timestamp stays in the window its position falls in (Kafka's own index behaves the same way).
+    The broker's index answer is a hint the search confirms against the records around it; the
+    embedded broker answers from its write times instead of record timestamps, and a broker
+    without an index answers nothing: the search then bisects.
     """
     query = [TopicPartition(topic, p, timestamp_ms) for p in sorted(watermarks)]
     try:
@@ -157,70 +152,8 @@ def offsets_for_timestamp(
         answers = {}
     result: dict[int, int] = {}
     for p, wm in watermarks.items():
-        candidate = answers.get(p, -1)
-        if candidate == OFFSET_END or candidate < 0:
-            candidate = wm.high
-        candidate = min(max(candidate, wm.low), wm.high)
-        if _is_boundary(probe, p, wm, candidate, timestamp_ms):
-            result[p] = candidate
-        else:
-            found = _binary_search(probe, p, wm, timestamp_ms)
-            result[p] = _refine_backwards(probe, p, wm, found, timestamp_ms)
+        hint = answers.get(p)
+        if hint is not None and (hint == OFFSET_END or hint < 0):
+            hint = wm.high  # the index says no record is that new
+        result[p] = boundary_offset(probe, p, wm, timestamp_ms, hint)
     return result
-
-
-# Records read behind a binary-search answer to catch late (out-of-order) timestamps near it.
-REFINE_WINDOW = 500
-
-
-def _refine_backwards(probe: RecordProbe, partition: int, wm: Watermarks, offset: int, ts: int) -> int:
-    """Kafka's index semantics: the boundary is the first offset whose running maximum timestamp
-    reaches `ts`. Binary search assumes order; a record >= ts shortly before its answer (a late
-    record sat on a probe point) moves the boundary back to that record."""
-    start = max(wm.low, offset - REFINE_WINDOW)
-    if start >= offset:
-        return offset
-    for found_offset, found_ts in probe.timestamps(partition, start, offset):
-        if found_ts >= ts:
-            return found_offset
-    return offset
-
-
-def _is_boundary(probe: RecordProbe, partition: int, wm: Watermarks, offset: int, ts: int) -> bool:
-    """True when the record at `offset` is the first with timestamp >= ts."""
-    if offset < wm.high:
-        at = probe.first_at_or_after(partition, offset)
-        if at is None or at[1] < ts:
-            return False
-    if offset > wm.low:
-        before = _last_before(probe, partition, wm, offset)
-        if before is not None and before[1] >= ts:
-            return False
-    return True
-
-
-def _last_before(probe: RecordProbe, partition: int, wm: Watermarks, offset: int) -> tuple[int, int] | None:
-    """The last record before `offset` (walks back over gaps, bounded)."""
-    step = 1
-    while offset - step >= wm.low:
-        found = probe.first_at_or_after(partition, offset - step)
-        if found is not None and found[0] < offset:
-            return found
-        step *= 2
-    found = probe.first_at_or_after(partition, wm.low)
-    return found if found is not None and found[0] < offset else None
-
-
-def _binary_search(probe: RecordProbe, partition: int, wm: Watermarks, ts: int) -> int:
-    """Smallest offset o in [low, high] such that every record before o has timestamp < ts."""
-    lo, hi = wm.low, wm.high
-    while lo < hi:
-        mid = (lo + hi) // 2
-        found = probe.first_at_or_after(partition, mid)
-        if found is None:
-            hi = mid
-        elif found[1] >= ts:
-            hi = mid
-        else:
-            lo = found[0] + 1
-    return lo

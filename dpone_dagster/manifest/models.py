@@ -11,7 +11,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ConnectionType = Literal["env", "params", "airflow", "vault"]
 MessageFormat = Literal["json", "json_schema", "avro", "protobuf"]
@@ -66,6 +66,9 @@ class ColumnSpec(StrictModel):
 # --------------------------------------------------------------------------- kafka source
 
 
+DEFAULT_ALLOWED_LATENESS_SECONDS = 300
+
+
 class TimeWindowPartitions(StrictModel):
     """Dagster time-window partitions for read_mode: time_window."""
 
@@ -73,8 +76,14 @@ class TimeWindowPartitions(StrictModel):
     cron: str | None = None
     start: str = "2024-01-01T00:00:00"
     timezone: str = "UTC"
-    # A window runs only once it is closed and this much time has passed after its end.
-    allowed_lateness_seconds: int = Field(default=0, ge=0)
+    # A window runs only once it is closed and this much time has passed after its end. The
+    # default waits out a producer's default delivery timeout (120 s) with room for clock skew.
+    allowed_lateness_seconds: int = Field(default=DEFAULT_ALLOWED_LATENESS_SECONDS, ge=0)
+    # A record whose timestamp is before the start of the window whose offsets hold it (it was
+    # written after its own window was materialized, or out of order): delivered with that window
+    # and counted as late_records (next_window), sent to source.options.dead_letter.topic with the
+    # run's output (dead_letter), or the run fails before publishing (fail).
+    late_records: Literal["next_window", "dead_letter", "fail"] = "next_window"
     # What to do when a window starts before the log start offset (retention removed records).
     on_retention_gap: Literal["fail", "warn"] = "fail"
 
@@ -119,6 +128,15 @@ class KafkaSourceOptions(StrictModel):
     # or skip it; every bad record is counted either way.
     on_error: Literal["fail", "dead_letter", "skip"] = "fail"
     dead_letter: DeadLetterOptions | None = None
+
+    @model_validator(mode="after")
+    def _late_records_need_a_topic(self) -> KafkaSourceOptions:
+        if self.partitions is not None and self.partitions.late_records == "dead_letter" and self.dead_letter is None:
+            raise ValueError(
+                "partitions.late_records: dead_letter needs source.options.dead_letter: {topic: <dead-letter topic>} "
+                "(or use late_records: next_window or fail)"
+            )
+        return self
 
 
 class KafkaSource(ConnectionRef):
@@ -390,6 +408,12 @@ class SensorOptions(StrictModel):
     min_new_messages: int = Field(default=1, gt=0)
     minimum_interval_seconds: int = Field(default=60, gt=0)
     running_by_default: bool = False
+    # Time windows: how many closed windows back the first tick looks (and the furthest back any
+    # later tick looks), the runs one window gets before the sensor stops requesting it, and the
+    # wait after a failed run (doubled after each further failure).
+    catch_up_windows: int = Field(default=24, gt=0)
+    max_attempts: int = Field(default=3, gt=0)
+    retry_backoff_seconds: int = Field(default=300, ge=0)
 
 
 class DagsterOptions(StrictModel):

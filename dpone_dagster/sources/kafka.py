@@ -19,10 +19,13 @@ from dpone_dagster.kafka import inspect
 from dpone_dagster.kafka.boundary import (
     Boundary,
     PartitionRange,
+    Watermarks,
     cap_total_records,
     plan_offset_ranges,
     split_into_tasks,
 )
+from dpone_dagster.kafka.windows import PlannedWindow, Recorded, plan_windows
+from dpone_dagster.kafka.windows import Window as TimeWindow
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.schema.inference import infer_schema, merge_structs
 from dpone_dagster.spark import decode
@@ -35,20 +38,6 @@ from dpone_dagster.spark.kafka_reader import (
 )
 
 Log = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class TimeWindow:
-    start: datetime
-    end: datetime
-
-    @property
-    def start_ms(self) -> int:
-        return int(self.start.timestamp() * 1000)
-
-    @property
-    def end_ms(self) -> int:
-        return int(self.end.timestamp() * 1000)
 
 
 @dataclass
@@ -97,11 +86,12 @@ class KafkaBatchSource:
 
     # ----------------------------------------------------------------------- plan
 
-    def plan(self, stored: dict[int, int], windows: list[TimeWindow] | None = None) -> Boundary:
+    def plan(self, stored: dict[int, int], windows: list[TimeWindow] | None = None, recorded: Recorded | None = None) -> Boundary:
         """Fix [start, end) per partition before anything is read (retries read the same offsets).
 
         `windows` (contiguous, in order) come from Dagster partitions; otherwise the manifest's
-        start/end timestamps apply to read_mode time_window.
+        start/end timestamps apply to read_mode time_window. `recorded`: the offset ranges earlier
+        runs recorded per window (kafka/windows.py), binding partition windows.
         """
         consumer = inspect.make_consumer(self.client_config, self.group_id)
         try:
@@ -115,7 +105,7 @@ class KafkaBatchSource:
                         "source.options: read_mode time_window needs start_timestamp and end_timestamp "
                         "(or a Dagster partition)"
                     )
-                return self._plan_windows(consumer, watermarks, windows)
+                return self._plan_windows(consumer, watermarks, windows, recorded or {})
             start_from = self.options.start_from
             if strategy in ("full_refresh", "replace"):
                 start_from = "earliest" if start_from == "stored" else start_from
@@ -133,44 +123,66 @@ class KafkaBatchSource:
             return [TimeWindow(_utc(o.start_timestamp), _utc(o.end_timestamp))]
         return []
 
-    def _plan_windows(self, consumer: Any, watermarks: dict, windows: list[TimeWindow]) -> Boundary:
-        """One lookup per window edge; window i reads [offset(edge i), offset(edge i+1))."""
+    def _plan_windows(self, consumer: Any, watermarks: dict[int, Watermarks], windows: list[TimeWindow], recorded: Recorded) -> Boundary:
+        """Window i reads its recorded ranges, or the offsets between its edges (kafka/windows.py)."""
         probe = inspect.RecordProbe(consumer, self.topic)
-        edges = [windows[0].start_ms, *(w.end_ms for w in windows)]
-        at_edge = [inspect.offsets_for_timestamp(consumer, probe, self.topic, watermarks, ms) for ms in edges]
-        notes = list(self._retention_notes(probe, watermarks, windows[0]))
-        per_window = []
-        for i, window in enumerate(windows):
-            ranges = [
-                {"partition": p, "start": at_edge[i][p], "end": max(at_edge[i][p], at_edge[i + 1][p])}
-                for p in sorted(watermarks)
-            ]
-            per_window.append({"start": window.start.isoformat(), "end": window.end.isoformat(), "partitions": ranges})
+        keyed = all(w.partition_key is not None for w in windows)
+        planned = plan_windows(
+            sorted(watermarks),
+            windows,
+            recorded if keyed else {},
+            lambda ms: inspect.offsets_for_timestamp(consumer, probe, self.topic, watermarks, ms),
+        )
+        notes = list(self._retention_notes(probe, watermarks, windows[0], planned))
+        planned = [_within_log(self.topic, w, watermarks) for w in planned]
+        frozen = [w.window.partition_key or w.window.start.isoformat() for w in planned if w.frozen]
+        if frozen:
+            notes.append(f"window(s) {frozen} read the offset ranges recorded by their first run")
         ranges = tuple(
-            PartitionRange(p, at_edge[0][p], max(at_edge[0][p], at_edge[-1][p])) for p in sorted(watermarks)
+            PartitionRange(p, planned[0].ranges[i].start, max(planned[0].ranges[i].start, planned[-1].ranges[i].end))
+            for i, p in enumerate(sorted(watermarks))
         )
         notes.append(f"window [{windows[0].start.isoformat()}, {windows[-1].end.isoformat()})")
-        return Boundary(self.topic, "time_window", ranges, tuple(notes), tuple(per_window))
+        return Boundary(self.topic, "time_window", ranges, tuple(notes), tuple(w.as_dict() for w in planned))
 
-    def _retention_notes(self, probe: inspect.RecordProbe, watermarks: dict, window: TimeWindow) -> list[str]:
+    def _retention_notes(
+        self, probe: inspect.RecordProbe, watermarks: dict[int, Watermarks], window: TimeWindow, planned: list[PlannedWindow]
+    ) -> list[str]:
         """A window that starts before the oldest retained record may have lost data to retention."""
-        gaps = []
-        for p, wm in sorted(watermarks.items()):
+        gaps = set()
+        for i, (p, wm) in enumerate(sorted(watermarks.items())):
+            if any(w.ranges[i].start < wm.low and w.ranges[i].size for w in planned if w.frozen):
+                gaps.add(p)  # a recorded range reaches below the log start
             if wm.low == 0:
                 continue  # nothing was ever removed from this partition
             first = probe.first_at_or_after(p, wm.low)
             if first is not None and first[1] > window.start_ms:
-                gaps.append(p)
+                gaps.add(p)
         if not gaps:
             return []
         settings = self.options.partitions
         message = (
             f"window starting {window.start.isoformat()} is older than the oldest retained record of "
-            f"'{self.topic}' partitions {gaps} (retention removed records); the window may be incomplete"
+            f"'{self.topic}' partitions {sorted(gaps)} (retention removed records); the window may be incomplete"
         )
         if settings is None or settings.on_retention_gap == "fail":
             raise RunFailed(message + "; set source.options.partitions.on_retention_gap: warn to run it anyway")
         return [f"warning: {message}"]
+
+    def late_records(self, spark: SparkSession, boundary: Boundary) -> dict[str, int]:
+        """Per window (start, ISO 8601): records whose timestamp is before the start of the window
+        whose offsets hold them. One Spark pass over the windows' offsets (a count: nothing is kept)."""
+        late = late_window(boundary, F.col("partition"), F.col("offset"), F.col("timestamp"))
+        if late is None:
+            return {}
+        windows = self.raw_records(spark, boundary).select(late.alias("window")).where(F.col("window").isNotNull())
+        counts = windows.groupBy("window").count().collect()
+        by_index = {row["window"]: row["count"] for row in counts}
+        return {w["start"]: int(by_index.get(i, 0)) for i, w in enumerate(boundary.windows)}
+
+    def raw_records(self, spark: SparkSession, boundary: Boundary) -> DataFrame:
+        """The boundary's records as read (columns of kafka_reader.RAW_SCHEMA); re-readable."""
+        return read_ranges(spark, split_into_tasks(boundary, self.options.records_per_task), self._reader_settings())
 
     # ----------------------------------------------------------------------- extract
 
@@ -371,6 +383,38 @@ def _loads(value: bytes | str | None) -> Any:
         return json.loads(value)
     except (ValueError, UnicodeDecodeError):
         return None  # counted as corrupt by the Spark decode
+
+
+def late_window(boundary: Boundary, partition: Column, offset: Column, timestamp_ms: Column) -> Column | None:
+    """The index of the window that holds a record whose timestamp is before that window's start
+    (a late record), null for every other record; None when no window holds an offset."""
+    if boundary.method != "time_window" or not boundary.windows or not boundary.total:
+        return None
+    late = None
+    for index, window in enumerate(boundary.windows):
+        for r in window["partitions"]:
+            if r["end"] <= r["start"]:
+                continue
+            held = (partition == r["partition"]) & offset.between(r["start"], r["end"] - 1)
+            condition = F.when(held & (timestamp_ms < window["start_ms"]), F.lit(index))
+            late = condition if late is None else F.coalesce(late, condition)
+    return late
+
+
+def _within_log(topic: str, planned: PlannedWindow, watermarks: dict[int, Watermarks]) -> PlannedWindow:
+    """A recorded range past the end of the log means the topic was recreated: refuse it. One that
+    starts below the log start reads what retention kept (`_retention_notes` decided to go on)."""
+    ranges = []
+    for r in planned.ranges:
+        wm = watermarks[r.partition]
+        if r.end > wm.high:
+            raise RunFailed(
+                f"{topic}[{r.partition}]: window starting {planned.window.start.isoformat()} was recorded with "
+                f"offsets up to {r.end}, beyond the end of the log ({wm.high}); was the topic recreated? Reset the "
+                "state with `dpone state reset <manifest> --yes`"
+            )
+        ranges.append(PartitionRange(r.partition, max(r.start, wm.low), max(r.end, wm.low)))
+    return PlannedWindow(planned.window, tuple(ranges), planned.frozen)
 
 
 def _utc(value: datetime) -> datetime:

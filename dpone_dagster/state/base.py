@@ -95,6 +95,18 @@ def check_offsets(topic: str | None, group_id: str | None, offsets: dict[int, in
             raise ValueError(f"invalid offset {partition}:{offset} (partition and offset must be >= 0)")
 
 
+def check_windows(topic: str | None, group_id: str | None, windows: dict[str, dict[str, Any]] | None) -> None:
+    if not windows:
+        return
+    if not topic or not group_id:
+        raise ValueError("window ranges need both topic and group_id")
+    for key, entry in windows.items():
+        as_utc(datetime.fromisoformat(key), f"window {key}")
+        for partition, (start, end) in entry["partitions"].items():
+            if int(partition) < 0 or not 0 <= int(start) <= int(end):
+                raise ValueError(f"window {key}: invalid range {partition}:[{start}, {end})")
+
+
 def finished(record: RunRecord, status: str) -> RunRecord:
     """The record as it is stored when the run ends (finished_at defaults to now)."""
     return replace(record, status=status, finished_at=record.finished_at or utcnow())
@@ -117,8 +129,10 @@ class StateStore(Protocol):
         group_id: str | None,
         offsets: dict[int, int] | None,
         watermark: dict[str, Any] | None = None,
+        windows: dict[str, dict[str, Any]] | None = None,
     ) -> None:
-        """Upsert offsets per partition, the watermark and the success status in ONE commit.
+        """Upsert offsets per partition, the watermark, the windows' offset ranges (see
+        `load_windows`) and the success status in ONE commit.
 
         Raises StateConflict (writing nothing) when the run already finished.
         """
@@ -132,6 +146,12 @@ class StateStore(Protocol):
         ...
 
     def load_watermark(self, pipeline: str) -> dict[str, Any] | None: ...
+
+    def load_windows(self, topic: str, group_id: str) -> dict[str, dict[str, Any]]:
+        """Offset ranges of the time windows materialized so far: window start (ISO 8601) ->
+        {"start", "end", "partitions": {partition: [start, end]}, "run_id"}. A window's ranges are
+        written once, by its first successful run, and never change (reruns read them)."""
+        ...
 
     def reset_offsets(self, topic: str, group_id: str, offsets: dict[int, int] | None) -> None:
         """None: forget stored offsets (next run starts from earliest); a dict: store exactly these."""

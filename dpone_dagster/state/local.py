@@ -1,8 +1,9 @@
 """Embedded state store (no database): JSON files under one directory.
 
 Layout under `path`:
-  state.json             offsets (per group_id/topic/partition), watermarks and the last committed
-                         success run of each pipeline. Replaced atomically (temp file + fsync +
+  state.json             offsets (per group_id/topic/partition), time windows' offset ranges (per
+                         group_id/topic/window), watermarks and the last committed success run of
+                         each pipeline. Replaced atomically (temp file + fsync +
                          os.replace), so offsets, watermark and success status land in ONE commit.
   state.lock             flock taken around every read-modify-write of state.json and the run logs.
   runs/<pipeline>.jsonl  append-only run history; the last line of a run_id wins.
@@ -33,6 +34,7 @@ from dpone_dagster.state.base import (
     RunRecord,
     StateConflict,
     check_offsets,
+    check_windows,
     dumps,
     finished,
     utcnow,
@@ -44,7 +46,7 @@ STATE_VERSION = 1
 
 
 def _empty_state() -> dict[str, Any]:
-    return {"version": STATE_VERSION, "offsets": {}, "watermarks": {}, "last_success": {}}
+    return {"version": STATE_VERSION, "offsets": {}, "watermarks": {}, "windows": {}, "last_success": {}}
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -183,6 +185,19 @@ class LocalStateStore:
         entry = self._read_state()["watermarks"].get(pipeline)
         return entry["value"] if entry else None
 
+    # ------------------------------------------------------------------ time windows
+
+    def load_windows(self, topic: str, group_id: str) -> dict[str, dict[str, Any]]:
+        return dict(self._read_state()["windows"].get(group_id, {}).get(topic, {}))
+
+    @staticmethod
+    def _add_windows(state: dict[str, Any], topic: str, group_id: str, windows: dict[str, dict[str, Any]]) -> None:
+        stored = state["windows"].setdefault(group_id, {}).setdefault(topic, {})
+        for key, entry in windows.items():
+            kept = stored.setdefault(key, {**entry, "partitions": {}})
+            for partition, offsets in entry["partitions"].items():
+                kept["partitions"].setdefault(partition, offsets)  # the first run's ranges stay
+
     # ------------------------------------------------------------------ runs
 
     def start_run(self, record: RunRecord) -> None:
@@ -198,8 +213,10 @@ class LocalStateStore:
         group_id: str | None,
         offsets: dict[int, int] | None,
         watermark: dict[str, Any] | None = None,
+        windows: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         check_offsets(topic, group_id, offsets)
+        check_windows(topic, group_id, windows)
         success = finished(record, "success")
         with self._exclusive():
             state = self._read_state()
@@ -212,6 +229,8 @@ class LocalStateStore:
             self._keep_previous_success(state, record.pipeline, runs)
             if offsets:
                 self._set_offsets(state, topic, group_id, offsets, record.run_id)  # type: ignore[arg-type]
+            if windows:
+                self._add_windows(state, topic, group_id, windows)  # type: ignore[arg-type]
             if watermark is not None:
                 state["watermarks"][record.pipeline] = {
                     "value": watermark,

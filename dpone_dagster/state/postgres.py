@@ -1,4 +1,5 @@
-"""State in PostgreSQL: offsets, watermarks and run rows written in one transaction per commit."""
+"""State in PostgreSQL: offsets, time windows' offset ranges, watermarks and run rows written in
+one transaction per commit."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg2
@@ -20,6 +22,7 @@ from dpone_dagster.state.base import (
     RunRecord,
     StateConflict,
     check_offsets,
+    check_windows,
     dumps,
     finished,
 )
@@ -37,6 +40,8 @@ _DDL_RACE_ERRORS = (
     psycopg2.errors.DuplicateSchema,
 )
 _DDL_ATTEMPTS = 5
+
+WINDOWS_TABLE = "etl_kafka_window_offsets"
 
 _RUN_COLUMNS = "run_id, pipeline, status, started_at, finished_at, boundary, counts, timings, error"
 
@@ -85,11 +90,14 @@ class PostgresStateStore:
         runs_table: QualifiedName,
         offsets_table: QualifiedName,
         watermarks_table: QualifiedName = ("etl_state", "etl_watermarks"),
+        windows_table: QualifiedName | None = None,
     ) -> None:
         self._summary = connection_summary(connect_kwargs)
         self._runs = runs_table
         self._offsets = offsets_table
         self._watermarks = watermarks_table
+        # Time windows' offset ranges: next to the offsets table unless named.
+        self._windows = windows_table or (offsets_table[0], WINDOWS_TABLE)
         kwargs = {"connect_timeout": 10, "application_name": "dpone-state", **connect_kwargs}
         self._conn = psycopg2.connect(**kwargs)
         self._mutex = threading.RLock()  # one connection = one transaction at a time
@@ -110,7 +118,7 @@ class PostgresStateStore:
 
     def _tables_exist(self) -> bool:
         names = [
-            sql.Identifier(*t).as_string(self._conn) for t in (self._runs, self._offsets, self._watermarks)
+            sql.Identifier(*t).as_string(self._conn) for t in (self._runs, self._offsets, self._watermarks, self._windows)
         ]
         with self._tx() as cur:
             cur.execute(
@@ -138,7 +146,7 @@ class PostgresStateStore:
 
     def _ddl(self) -> list[sql.Composed]:
         runs, offsets, marks = _ident(self._runs), _ident(self._offsets), _ident(self._watermarks)
-        schemas = sorted({self._runs[0], self._offsets[0], self._watermarks[0]})
+        schemas = sorted({self._runs[0], self._offsets[0], self._watermarks[0], self._windows[0]})
         return [
             *(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(s)) for s in schemas),
             sql.SQL(
@@ -173,6 +181,19 @@ class PostgresStateStore:
                 " run_id text,"
                 " updated_at timestamptz NOT NULL DEFAULT now())"
             ).format(marks),
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} ("
+                " group_id text NOT NULL,"
+                " topic text NOT NULL,"
+                " window_start timestamptz NOT NULL,"
+                " window_end timestamptz NOT NULL,"
+                ' "partition" integer NOT NULL CHECK ("partition" >= 0),'
+                " start_offset bigint NOT NULL CHECK (start_offset >= 0),"
+                " end_offset bigint NOT NULL CHECK (end_offset >= start_offset),"
+                " run_id text,"
+                " updated_at timestamptz NOT NULL DEFAULT now(),"
+                ' PRIMARY KEY (group_id, topic, window_start, "partition"))'
+            ).format(_ident(self._windows)),
         ]
 
     # ------------------------------------------------------------------ offsets
@@ -219,6 +240,37 @@ class PostgresStateStore:
             " SET watermark = EXCLUDED.watermark, run_id = EXCLUDED.run_id, updated_at = now()"
         ).format(_ident(self._watermarks))
         cur.execute(query, (pipeline, _json(watermark), run_id))
+
+    # ------------------------------------------------------------------ time windows
+
+    def load_windows(self, topic: str, group_id: str) -> dict[str, dict[str, Any]]:
+        query = sql.SQL(
+            'SELECT window_start, window_end, "partition", start_offset, end_offset, run_id FROM {}'
+            " WHERE group_id = %s AND topic = %s"
+        ).format(_ident(self._windows))
+        with self._tx() as cur:
+            cur.execute(query, (group_id, topic))
+            rows = cur.fetchall()
+        windows: dict[str, dict[str, Any]] = {}
+        for start, end, partition, first, last, run_id in rows:
+            key = start.astimezone(UTC).isoformat()
+            entry = windows.setdefault(key, {"start": key, "end": end.astimezone(UTC).isoformat(), "partitions": {}, "run_id": run_id})
+            entry["partitions"][str(partition)] = [int(first), int(last)]
+        return windows
+
+    def _add_windows(self, cur: Any, topic: str, group_id: str, windows: dict[str, dict[str, Any]], run_id: str) -> None:
+        # DO NOTHING: the first run's ranges stay, reruns read them.
+        query = sql.SQL(
+            'INSERT INTO {} (group_id, topic, window_start, window_end, "partition", start_offset, end_offset, run_id)'
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+            ' ON CONFLICT (group_id, topic, window_start, "partition") DO NOTHING'
+        ).format(_ident(self._windows))
+        rows = [
+            (group_id, topic, datetime.fromisoformat(entry["start"]), datetime.fromisoformat(entry["end"]), int(p), int(r[0]), int(r[1]), run_id)
+            for entry in windows.values()
+            for p, r in sorted(entry["partitions"].items())
+        ]
+        cur.executemany(query, rows)
 
     # ------------------------------------------------------------------ runs
 
@@ -271,11 +323,15 @@ class PostgresStateStore:
         group_id: str | None,
         offsets: dict[int, int] | None,
         watermark: dict[str, Any] | None = None,
+        windows: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         check_offsets(topic, group_id, offsets)
+        check_windows(topic, group_id, windows)
         with self._tx() as cur:
             if offsets:
                 self._write_offsets(cur, topic, group_id, offsets, record.run_id)  # type: ignore[arg-type]
+            if windows:
+                self._add_windows(cur, topic, group_id, windows, record.run_id)  # type: ignore[arg-type]
             if watermark is not None:
                 self._write_watermark(cur, record.pipeline, watermark, record.run_id)
             # Last on purpose: any failure up to here (or here) rolls the offsets back with it.
