@@ -3,10 +3,10 @@
 The CLI maps them to exit codes: ConfigError -> 2 (fix the manifest or environment),
 RunFailed -> 1 (the run started and failed; nothing was committed past what was delivered).
 
-`retryable` says whether running the same work again, unchanged, can succeed: a broker time-out,
-a lost connection or a crashed worker can; a refused manifest, a failed quality gate or a bad
-record under `on_error: fail` fails the same way every time, so Dagster does not retry it
-(assets/factory.py turns this into the run's retry tags).
+`retryable` says whether running the same work again can succeed: a broker time-out, a lost
+connection, a crashed worker or a missing topic someone creates can; a failed quality gate or a
+bad record under `on_error: fail` fails the same way on the same data every time, so neither
+Dagster nor the sensors run it again (assets/retries.py turns this into the run's retry tags).
 """
 
 
@@ -17,7 +17,7 @@ class DponeError(Exception):
     """
 
     result = None
-    retryable = False
+    retryable = True
 
 
 class ConfigError(DponeError):
@@ -25,10 +25,7 @@ class ConfigError(DponeError):
 
 
 class RunFailed(DponeError):
-    """A run that started and failed; state did not advance. Retryable unless a subclass says the
-    data itself was refused."""
-
-    retryable = True
+    """A run that started and failed; state did not advance."""
 
 
 class DataRefused(RunFailed):

@@ -1,9 +1,10 @@
 """Sensors on upstream topics: one per manifest with a Kafka source.
 
-- offsets mode: a run request once `min_new_messages` wait beyond the stored offsets. The run key
-  is derived from the stored offsets and the watermarks, so it changes whenever a run commits or
-  new data arrives; the decision always compares against the stored offsets (never against the
-  cursor), so a failed run can never make the sensor skip data.
+- offsets mode: a run request once `min_new_messages` wait beyond the stored offsets. The waiting
+  data is named by a fingerprint of the stored offsets and the watermarks (tag
+  `dpone/waiting_data`), so it changes whenever a run commits or new data arrives; the decision
+  always compares against the stored offsets (never against the cursor), so a failed run can never
+  make the sensor skip data. A failed run is asked for again with no new data, like a window below.
 - time_window mode: a run request for every closed window (allowed lateness passed) that holds
   data and is not materialized, from the oldest window still watched (the cursor; on the first
   tick `catch_up_windows` back, and never further back than that) on, at most 24 per tick. A
@@ -11,6 +12,9 @@
   (`retry_backoff_seconds`, doubled per failure) until `max_attempts` runs failed; run key
   `<pipeline>:<partition key>:<attempt>`, tags `dpone/attempt`, `dpone/max_attempts`,
   `dpone/backoff_seconds`. A window under way is not requested twice.
+Both modes leave a failed run alone while Dagster's run retries have it (`dagster/will_retry`), and
+for good when it failed on its data (`dagster/retry_on_asset_or_op_failure: false`, see
+assets/retries.py): the same data would fail the same way.
 Every tick records an observation of the source topic asset: watermarks and lag in messages.
 """
 
@@ -39,6 +43,7 @@ from dagster._core.storage.tags import PARTITION_NAME_TAG
 
 from dpone_dagster.assets.factory import source_asset_key
 from dpone_dagster.assets.partitions import partition_settings, partitions_def_for, window_for_key
+from dpone_dagster.assets.retries import RETRY_ON_FAILURE_TAG
 from dpone_dagster.engine.lag import SourceLag, source_lag
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.resources.kafka import KafkaResource
@@ -46,6 +51,8 @@ from dpone_dagster.sources.kafka import KafkaBatchSource
 
 MAX_WINDOWS_PER_TICK = 24
 PIPELINE_TAG = "dpone/pipeline"
+FINGERPRINT_TAG = "dpone/waiting_data"  # offsets mode: which stored offsets and watermarks a run was asked for
+WILL_RETRY_TAG = "dagster/will_retry"
 
 
 def build_source_sensor(manifest: Manifest) -> SensorDefinition | None:
@@ -70,7 +77,7 @@ def build_source_sensor(manifest: Manifest) -> SensorDefinition | None:
         observation = _observation(manifest, lag)
         if windowed:
             return _window_requests(context, manifest, config, observation)
-        return _offset_requests(manifest, lag, observation)
+        return _offset_requests(context, manifest, lag, observation)
 
     return _sensor
 
@@ -87,7 +94,9 @@ def _observation(manifest: Manifest, lag: SourceLag) -> AssetObservation:
     )
 
 
-def _offset_requests(manifest: Manifest, lag: SourceLag, observation: AssetObservation) -> SensorResult:
+def _offset_requests(
+    context: SensorEvaluationContext, manifest: Manifest, lag: SourceLag, observation: AssetObservation
+) -> SensorResult:
     cursor = json.dumps(lag.as_dict()["high_watermarks"], sort_keys=True)
     if lag.new_messages < manifest.dagster.sensor.min_new_messages:
         return SensorResult(
@@ -96,11 +105,14 @@ def _offset_requests(manifest: Manifest, lag: SourceLag, observation: AssetObser
             asset_events=[observation],
             cursor=cursor,
         )
+    # The waiting data: unchanged until a run commits or new records arrive.
     fingerprint = hashlib.sha256(
         json.dumps([lag.as_dict()["stored_offsets"], lag.as_dict()["high_watermarks"]], sort_keys=True).encode()
     ).hexdigest()[:16]
-    request = RunRequest(run_key=f"{manifest.name}:{fingerprint}", tags={"dpone/pipeline": manifest.name})
-    return SensorResult(run_requests=[request], asset_events=[observation], cursor=cursor)
+    decision = _attempt(context, manifest, {FINGERPRINT_TAG: fingerprint}, f"{manifest.name}:{fingerprint}", datetime.now(UTC))
+    if isinstance(decision, str):
+        return SensorResult(skip_reason=f"{lag.new_messages} new message(s): {decision}", asset_events=[observation], cursor=cursor)
+    return SensorResult(run_requests=[decision], asset_events=[observation], cursor=cursor)
 
 
 def _window_requests(
@@ -121,7 +133,7 @@ def _window_requests(
     sizes = _window_sizes(manifest, config, partitions_def, watched, pending)
     requests, waiting = [], []
     for key in [k for k in pending if sizes[k]][:MAX_WINDOWS_PER_TICK]:
-        decision = _attempt(context, manifest, key, now)
+        decision = _attempt(context, manifest, {PARTITION_NAME_TAG: key}, f"{manifest.name}:{key}", now, partition_key=key)
         if isinstance(decision, str):
             waiting.append(f"{key}: {decision}")
         else:
@@ -168,16 +180,31 @@ def _window_sizes(
     return {key: sum(r["end"] - r["start"] for r in w["partitions"]) for key, w in zip(span, boundary.windows, strict=True)}
 
 
-def _attempt(context: SensorEvaluationContext, manifest: Manifest, key: str, now: datetime) -> RunRequest | str:
-    """The next run of window `key`, or why not now: a run of it is under way, its attempts are
-    used up, or the backoff after its last failure has not passed."""
+def _attempt(
+    context: SensorEvaluationContext,
+    manifest: Manifest,
+    work: dict[str, str],
+    run_key: str,
+    now: datetime,
+    partition_key: str | None = None,
+) -> RunRequest | str:
+    """The next run of one piece of work (a window, or the data waiting in offsets mode; `work`
+    are the tags that name it), or why not now: a run of it is under way, Dagster is retrying
+    its failed run, its last run failed on its data, its attempts are used up, or the backoff
+    after its last failure has not passed."""
     options = manifest.dagster.sensor
     records = context.instance.get_run_records(
-        filters=RunsFilter(tags={PARTITION_NAME_TAG: key, PIPELINE_TAG: manifest.name}), limit=options.max_attempts + 1
+        filters=RunsFilter(tags={**work, PIPELINE_TAG: manifest.name}), limit=options.max_attempts + 1
     )
     if any(not r.dagster_run.is_finished for r in records):
         return "a run is under way"
     failures = [r for r in records if r.dagster_run.status == DagsterRunStatus.FAILURE]
+    if records and records[0].dagster_run.status == DagsterRunStatus.FAILURE:
+        latest = records[0].dagster_run.tags
+        if latest.get(WILL_RETRY_TAG) == "true":
+            return "Dagster is retrying its failed run"
+        if latest.get(RETRY_ON_FAILURE_TAG) == "false":
+            return "its last run failed on its data (quality gate or bad record), not retried; fix and materialize by hand"
     if len(failures) >= options.max_attempts:
         return f"gave up after {len(failures)} failed run(s) (max_attempts {options.max_attempts}); materialize it by hand"
     backoff = options.retry_backoff_seconds * 2 ** (len(failures) - 1) if failures else 0
@@ -188,9 +215,10 @@ def _attempt(context: SensorEvaluationContext, manifest: Manifest, key: str, now
             return f"retry {len(failures) + 1} in {int(left) + 1}s (backoff {backoff}s)"
     attempt = len(failures) + 1
     return RunRequest(
-        run_key=f"{manifest.name}:{key}:{attempt}",
-        partition_key=key,
+        run_key=f"{run_key}:{attempt}",
+        partition_key=partition_key,
         tags={
+            **({} if partition_key else work),
             PIPELINE_TAG: manifest.name,
             "dpone/attempt": str(attempt),
             "dpone/max_attempts": str(options.max_attempts),

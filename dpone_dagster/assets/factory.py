@@ -22,10 +22,11 @@ from dagster import (
 from dagster_pyspark import LazyPySparkResource
 
 from dpone_dagster.assets.partitions import is_closed, partition_settings, partitions_def_for, window_for_key
+from dpone_dagster.assets.retries import refuse_retry, tag_retry_budget
 from dpone_dagster.connections import redact_known_secrets
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.run import RunRequest, run_pipeline
-from dpone_dagster.errors import DponeError
+from dpone_dagster.errors import DponeError, is_retryable
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.quality.results import check_names
 from dpone_dagster.resources.kafka import KafkaResource
@@ -102,9 +103,12 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None, 
             log=context.log.info,
             kafka_config=kafka.client_config,
         )
+        tag_retry_budget(context, manifest)
         try:
             result = run_pipeline(manifest, pyspark.spark_session, request)
         except DponeError as exc:
+            if not is_retryable(exc):
+                refuse_retry(context)
             # Report the gates that ran, then fail: no materialization a later run could trust.
             yield from check_results(check_specs, exc.result.gates if exc.result else [], complete=False)
             raise Failure(description=redact_known_secrets(str(exc))) from None

@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from dpone_dagster import columns as C
 from dpone_dagster.engine.bad_records import _dead_letter
 from dpone_dagster.engine.results import RunResult
-from dpone_dagster.errors import RunFailed
+from dpone_dagster.errors import DataRefused
 from dpone_dagster.kafka.admin import ensure_sink_topic
 from dpone_dagster.kafka.boundary import Boundary
 from dpone_dagster.kafka.windows import Recorded
@@ -64,7 +64,7 @@ class LateRecordScreen:
             return self.source.extract(spark, boundary, log)
         where = {w: n for w, n in late.items() if n}
         if self.policy == "fail":
-            raise RunFailed(
+            raise DataRefused(
                 f"{total} late record(s) (timestamp before the start of the window holding them: {where}); "
                 "nothing was produced. Set source.options.partitions.late_records: next_window to deliver "
                 "them with that window (or dead_letter), or raise allowed_lateness_seconds"

@@ -416,9 +416,20 @@ class SensorOptions(StrictModel):
     retry_backoff_seconds: int = Field(default=300, ge=0)
 
 
+class RetryOptions(StrictModel):
+    """Dagster run retries (dagster.yaml `run_retries`) for this pipeline's runs."""
+
+    # Attempts in all, the first included: a run that fails for a reason a retry can fix (broker
+    # or network trouble, a lost connection, a killed process) is run again until this many have
+    # failed. Failures of the data itself (a quality gate, a bad record under on_error: fail) and
+    # refused manifests are never retried: the same input fails the same way.
+    max_attempts: int = Field(default=3, ge=1)
+
+
 class DagsterOptions(StrictModel):
     group_name: str = "dpone"
     sensor: SensorOptions = Field(default_factory=SensorOptions)
+    retries: RetryOptions = Field(default_factory=RetryOptions)
 
 
 # --------------------------------------------------------------------------- manifest
