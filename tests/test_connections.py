@@ -141,9 +141,8 @@ def test_env_unknown_field_is_named_with_allowed_fields() -> None:
     message = config_error(resolve_kafka, ref("kafka_cluster"), environ=environ)
     assert "unknown field(s) 'sasl_pasword'" in message
     assert "DPONE_CONN_KAFKA_CLUSTER_SASL_PASWORD or KAFKA_CLUSTER_SASL_PASWORD" in message
-    assert (
-        "Allowed fields: bootstrap_servers, client_id, librdkafka, sasl_mechanism, sasl_password," in message
-    )
+    assert "Allowed fields: bootstrap_servers, client_id, librdkafka, sasl_mechanism, sasl_oauthbearer_" in message
+    assert ", sasl_password, sasl_username, schema_registry_bearer_token," in message
     assert "KAFKA_CLUSTER_LIBRDKAFKA__SOCKET_TIMEOUT_MS=5000" in message
     assert "typo-Secret-3" not in message
 
@@ -692,17 +691,15 @@ def test_kafka_repr_str_describe_are_redacted() -> None:
         librdkafka={"ssl.key.password": "key-Secret-20", "socket.timeout.ms": "5000"},
     )
     described = connection.describe()
-    assert described == {
+    assert set(described) == set(KafkaConnection.model_fields)
+    assert {name: value for name, value in described.items() if value is not None} == {
         "bootstrap_servers": "b:9092",
         "security_protocol": "SASL_SSL",
         "sasl_mechanism": "PLAIN",
         "sasl_username": "svc",
         "sasl_password": MASK,
-        "ssl_ca_location": None,
         "client_id": "dpone",
         "schema_registry_url": f"https://sr-user:{MASK}@sr.example",
-        "schema_registry_username": None,
-        "schema_registry_password": None,
         "librdkafka": {"ssl.key.password": MASK, "socket.timeout.ms": "5000"},
     }
     for text in (repr(connection), str(connection), json.dumps(described)):
