@@ -148,7 +148,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from datetime import datetime
 
-    from dpone_dagster.child_env import withheld_from_children
     from dpone_dagster.engine.run import RunRequest, resolve_connections, run_pipeline
     from dpone_dagster.resources.spark import spark_config_from_env
     from dpone_dagster.sources.kafka import TimeWindow
@@ -171,8 +170,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         resolve_connections(manifest)  # missing credentials: exit 2 before a JVM starts
-        with withheld_from_children():  # the JVM and its Python workers never see VAULT_TOKEN & co
-            spark = get_spark(with_jars(spark_config_from_env(), jdbc_jars([manifest])))
+        spark = get_spark(with_jars(spark_config_from_env(), jdbc_jars([manifest])))
         result = run_pipeline(manifest, spark, RunRequest(windows=windows, log=log))
     except (RunFailed, ConfigError) as exc:
         if quiet:

@@ -215,9 +215,11 @@ state: {{type: local, path: {tmp_path / 'state'}}}
     connections = {"sec_src": with_bootstrap(SCRAM_MTLS, bs), "sec_sink": with_bootstrap(OAUTH_OIDC, bs)}
     spy_dir = tmp_path / "spy"
     spy_dir.mkdir()
-    proc = dpone(["run", str(manifest), "--format", "json"], spy_env(spy_dir, connections))
+    env = spy_env(spy_dir, connections, VAULT_TOKEN=VAULT_TOKEN)
+    proc = dpone(["run", str(manifest), "--format", "json"], env)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert sorted(r["value"]["order_id"] for r in consume_all(bs, dst)) == [*range(8), 100]
+    assert_no_credentials_in_children(spy_dir, [VAULT_TOKEN, "scram-pass-4711", "key-pass-4712", "oidc-secret-4713"])
     assert len(consume_all_raw(bs, dlq)) == 1
 
     clients = records(spy_dir, "client")
@@ -231,6 +233,23 @@ state: {{type: local, path: {tmp_path / 'state'}}}
     assert ("Producer", False, "dpone-sink", (dlq,)) in roles  # the dead-letter tasks
     assert ("AdminClient", True, "dpone-sink", ()) in roles  # sink / dead-letter topic preflight
     assert any(kind == "Consumer" and on_driver and cid == "dpone-src" for kind, on_driver, cid, _ in roles)
+
+
+VAULT_TOKEN = "vault-token-4724"
+
+
+def assert_no_credentials_in_children(spy_dir: Path, secrets: list[str]) -> None:
+    """The Spark JVM (a Python daemon's parent) and every Python worker: neither the command line nor
+    the environment holds a credential of the run's process."""
+    driver = driver_pid(spy_dir)
+    children = [p for p in records(spy_dir, "process") if p["pid"] != driver]
+    assert children, "no Spark Python process was recorded"
+    for child in children:
+        dump = json.dumps({k: child[k] for k in ("argv", "environ", "parent_cmdline")})
+        if child["ppid"] != driver:  # the parent is the JVM or the daemon, not the run's process
+            dump += child["parent_environ"]
+        for secret in secrets:
+            assert secret not in dump, f"a credential in the environment of pid {child['pid']}"
 
 
 def consume_all_raw(bootstrap: str, topic: str) -> list[dict[str, Any]]:
