@@ -241,13 +241,12 @@ VAULT_TOKEN = "vault-token-4724"
 def assert_no_credentials_in_children(spy_dir: Path, secrets: list[str]) -> None:
     """The Spark JVM (a Python daemon's parent) and every Python worker: neither the command line nor
     the environment holds a credential of the run's process."""
-    driver = driver_pid(spy_dir)
-    children = [p for p in records(spy_dir, "process") if p["pid"] != driver]
+    processes = records(spy_dir, "process")
+    children = [p for p in processes if "pyspark" in p["argv"]]
     assert children, "no Spark Python process was recorded"
     for child in children:
-        dump = json.dumps({k: child[k] for k in ("argv", "environ", "parent_cmdline")})
-        if child["ppid"] != driver:  # the parent is the JVM or the daemon, not the run's process
-            dump += child["parent_environ"]
+        # The parent is the JVM or the Python daemon (both children of the run's process).
+        dump = json.dumps({k: child[k] for k in ("argv", "environ", "parent_cmdline")}) + child["parent_environ"]
         for secret in secrets:
             assert secret not in dump, f"a credential in the environment of pid {child['pid']}"
 
