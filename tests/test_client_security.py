@@ -479,3 +479,13 @@ def test_registry_settings_that_would_be_ignored_are_refused(pki) -> None:
             resolve_kafka_fields({"bootstrap_servers": "b:9092", **fields})
         assert expected in str(info.value)
         assert "p-4721" not in str(info.value) and "t-4722" not in str(info.value)
+
+
+def test_registry_transport_errors_never_show_url_credentials() -> None:
+    from dpone_dagster.schema.registry import registry_errors
+
+    config = {"url": "http://sr-user:url-pw-4725@127.0.0.1:9"}  # nothing listens on port 9
+    with pytest.raises(ConfigError) as info, registry_errors(config):
+        registry_client(config).get_subjects()
+    assert "127.0.0.1:9" in str(info.value)
+    assert "url-pw-4725" not in str(info.value)

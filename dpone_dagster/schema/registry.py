@@ -50,6 +50,7 @@ from pyspark.sql.types import (
 )
 
 from dpone_dagster.errors import ConfigError
+from dpone_dagster.redact import redact_text
 
 MAGIC_BYTE = 0
 HEADER_SIZE = 5
@@ -575,7 +576,8 @@ def registry_errors(config: Mapping[str, Any]) -> Iterator[None]:
     except SchemaRegistryError as error:
         classified = classify_registry(getattr(error, "http_status_code", None), str(error))
         if classified.kind == "retriable":
-            raise ConfigError(classified.message(f"{url}: {error}")) from None
+            raise ConfigError(redact_text(classified.message(f"{url}: {error}"))) from None
         raise
     except (httpx.HTTPError, OSError) as error:
-        raise ConfigError(classify_registry(None).message(f"{url}: {type(error).__name__}: {error}")) from None
+        # The URL may carry user:password and the transport error may echo it.
+        raise ConfigError(redact_text(classify_registry(None).message(f"{url}: {type(error).__name__}: {error}"))) from None
