@@ -2,9 +2,9 @@
 in any stdout or stderr, log, artifact, state, Dagster event log, run tag or metadata.
 
 Real parts: `dpone` commands and `dagster asset materialize` in their own processes (with their own
-Spark JVMs and Python workers), the embedded broker, the machine's PostgreSQL (the state store is
-reached through a DSN holding a password; trust authentication ignores it) and a JDBC read that
-fails after connecting. Faked: the embedded broker speaks neither SASL nor TLS, so the client spy
+Spark JVMs and Python workers), the embedded broker, an OpenBao (Vault API) server holding the state
+store's connection, the machine's PostgreSQL (reached through a DSN holding a password; trust
+authentication ignores it) and a JDBC read that fails after connecting. Faked: the embedded broker speaks neither SASL nor TLS, so the client spy
 (tests/client_spy) creates the real Kafka clients without the security settings after recording
 them; the registry URLs point nowhere (the pipeline reads JSON; `doctor` tries to reach them).
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from conftest import consume_all, create_topic, produce_json, unique_topic
 from test_client_security import REPO, assert_no_credentials_in_children, dpone, records, spy_env
+from test_connections import Vault, vault  # noqa: F401 - `vault`: the OpenBao server fixture
 
 CANARIES = {
     # Short: a parser's error snippet shows ~36 characters around the mark.
@@ -69,16 +70,20 @@ def connections(bootstrap: str, pg: dict) -> dict[str, dict[str, str]]:
             "schema_registry_url": "https://sr.invalid:8081",
             "schema_registry_bearer_token": C["registry_bearer_token"],
         },
-        "cnry_state": {
-            "dsn": f"host={pg['host']} port={pg['port']} user={pg['user']} dbname={pg['dbname']} "
-            f"password={C['state_dsn_password']}",
-        },
         "cnry_sql": {
             "jdbc_url": f"jdbc:postgresql://{pg['host']}:{pg['port']}/{pg['dbname']}"
             f"?user={pg['user']}&password={C['jdbc_url_password']}",
             "user": pg["user"],
             "password": C["sql_password"],
         },
+    }
+
+
+def state_secret(pg: dict) -> dict[str, str]:
+    """The state store's connection, kept in Vault."""
+    return {
+        "dsn": f"host={pg['host']} port={pg['port']} user={pg['user']} dbname={pg['dbname']} "
+        f"password={C['state_dsn_password']}",
     }
 
 
@@ -102,7 +107,7 @@ sink:
       producer_config:
         ssl.key.pem: "-----BEGIN PRIVATE KEY-----\\n{C['producer_ssl_key_pem']}\\n-----END PRIVATE KEY-----"
         sasl.oauthbearer.config: "clientId=dpone clientSecret={C['producer_oauthbearer_config']}"
-state: {{type: postgres, connection_id: cnry_state}}
+state: {{type: postgres, connection_id: cnry_state, connection_type: vault}}
 observability: {{artifacts: {{enabled: true, path: {tmp / 'artifacts'}}}}}
 """
 
@@ -139,8 +144,13 @@ def leaks(text: str) -> list[str]:
     return [name for name, canary in CANARIES.items() if canary in text]
 
 
-def test_no_canary_leaves_the_process(broker, pg_database, tmp_path: Path) -> None:
+def test_no_canary_leaves_the_process(broker, pg_database, vault: Vault, tmp_path: Path) -> None:  # noqa: F811
     bs = broker.bootstrap_servers
+    vault.client.secrets.kv.v2.create_or_update_secret(path="dpone/connections/cnry_state", secret=state_secret(pg_database))
+    vault.client.sys.create_or_update_policy(
+        name="cnry-read", policy='path "secret/data/dpone/*" { capabilities = ["read"] }'
+    )
+    vault.client.auth.token.create(id=C["vault_token"], policies=["cnry-read"], ttl="1h")
     src, dst, dst_missing = unique_topic("cnry_src"), unique_topic("cnry_dst"), unique_topic("cnry_none")
     create_topic(bs, src, 2)
     produce_json(bs, src, [{"order_id": i, "amount": i / 2} for i in range(6)], partition=0)
@@ -162,7 +172,7 @@ def test_no_canary_leaves_the_process(broker, pg_database, tmp_path: Path) -> No
         spy,
         connections(bs, pg_database),
         VAULT_TOKEN=C["vault_token"],
-        VAULT_ADDR="http://127.0.0.1:9",
+        VAULT_ADDR=vault.addr,
         DAGSTER_HOME=str(home),
         DPONE_MANIFESTS_DIR=str(manifests),
     )
