@@ -151,7 +151,14 @@ def _mask_key_value(match: re.Match[str]) -> str:
         return match.group(0)
     if value[:1] in "\"'":
         return f"{name}{match.group('sep')}{value[0]}{MASK}{value[0]}"
+    if match.group("sep")[:1] in "\"'" and _NUMBER.fullmatch(value):
+        # A quoted key with a bare number is JSON or a repr (a count, a TTL): masking it would break
+        # the document, and every secret a connection holds is a string, hence quoted there.
+        return match.group(0)
     return f"{name}{match.group('sep')}{MASK}"
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
 
 
 def _mask_shapes(text: str) -> str:

@@ -193,3 +193,11 @@ def test_withheld_variables_come_back_after_the_block() -> None:
         assert environ == {"PATH": "/usr/bin"}
     assert environ == {"PATH": "/usr/bin", "VAULT_TOKEN": "vault-5125", "X_PASSWORD": "x-5126"}
     assert json.dumps(environ)  # still a plain mapping
+
+
+def test_json_output_stays_json() -> None:
+    document = {"token_count": 5, "ttl_seconds_token": 1.5, "sasl.password": "json-5127", "secret_rows": None}
+    masked = json.loads(redact_text(json.dumps(document)))
+    assert masked == {"token_count": 5, "ttl_seconds_token": 1.5, "sasl.password": MASK, "secret_rows": None}
+    # outside JSON a bare number is still a credential's value (password=123456 in a DSN)
+    assert redact_text("host=h password=123456") == f"host=h password={MASK}"
