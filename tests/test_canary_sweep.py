@@ -26,7 +26,6 @@ CANARIES = {
     for index, name in enumerate(
         (
             "kafka_sasl_password",
-            "sink_sasl_password",
             "ssl_key_password",
             "registry_password",
             "registry_bearer_token",
@@ -37,6 +36,8 @@ CANARIES = {
             "producer_ssl_key_pem",
             "producer_oauthbearer_config",
             "yaml_inline_password",
+            "registry_ssl_key_password",
+            "oauth_client_secret",
         )
     )
 }
@@ -59,14 +60,20 @@ def connections(bootstrap: str, pg: dict) -> dict[str, dict[str, str]]:
             "schema_registry_url": "https://sr.invalid:8081",
             "schema_registry_username": "sr-user",
             "schema_registry_password": C["registry_password"],
+            "schema_registry_ssl_ca_location": "/nonexistent/sr-ca.pem",
+            "schema_registry_ssl_certificate_location": "/nonexistent/sr-client.pem",
+            "schema_registry_ssl_key_location": "/nonexistent/sr-client.key",
+            "schema_registry_ssl_key_password": C["registry_ssl_key_password"],
         },
         "cnry_sink": {
             "bootstrap_servers": bootstrap,
             "client_id": "cnry-sink",
-            "security_protocol": "SASL_PLAINTEXT",
-            "sasl_mechanism": "PLAIN",
-            "sasl_username": "svc-sink",
-            "sasl_password": C["sink_sasl_password"],
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "OAUTHBEARER",
+            "sasl_oauthbearer_method": "oidc",
+            "sasl_oauthbearer_client_id": "dpone",
+            "sasl_oauthbearer_client_secret": C["oauth_client_secret"],
+            "sasl_oauthbearer_token_endpoint_url": "https://idp.invalid/token",
             "schema_registry_url": "https://sr.invalid:8081",
             "schema_registry_bearer_token": C["registry_bearer_token"],
         },
