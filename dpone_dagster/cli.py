@@ -2,6 +2,9 @@
 
 Exit codes: 0 success, 1 a run or required check failed, 2 configuration error (bad manifest,
 missing credentials, unreachable service found before anything was produced).
+
+Everything a command writes goes through `say`, which masks secrets (`redact.redact_text`); an
+unexpected exception is reported as its redacted traceback, never Python's raw one.
 """
 
 from __future__ import annotations
@@ -10,14 +13,20 @@ import argparse
 import json
 import sys
 import time
+import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
-from dpone_dagster.connections import redact_known_secrets
 from dpone_dagster.errors import ConfigError, RunFailed
 from dpone_dagster.manifest import ManifestError, load_manifest
+from dpone_dagster.redact import redact_text
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+
+
+def say(*parts: object, file: TextIO | None = None, flush: bool = False) -> None:
+    """print() for every line a command shows: secrets masked."""
+    print(redact_text(" ".join(str(part) for part in parts)), file=file or sys.stdout, flush=flush)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -29,10 +38,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args))
     except ConfigError as exc:
-        print(redact_known_secrets(f"error: {exc}"), file=sys.stderr)
+        say(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except RunFailed as exc:
-        print(redact_known_secrets(f"run failed: {exc}"), file=sys.stderr)
+        say(f"run failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception:
+        # Python's own report would print the exception text (which may echo a client's
+        # configuration) unmasked.
+        say(traceback.format_exc().rstrip(), file=sys.stderr)
         return EXIT_FAILED
 
 
@@ -115,9 +129,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for path in args.manifests:
         try:
             manifest = load_manifest(path)
-            print(f"ok: {path} ({manifest.name}: {manifest.source.type} -> kafka {manifest.sink.topic})")
+            say(f"ok: {path} ({manifest.name}: {manifest.source.type} -> kafka {manifest.sink.topic})")
         except ManifestError as exc:
-            print(str(exc), file=sys.stderr)
+            say(exc, file=sys.stderr)
             status = EXIT_CONFIG
     return status
 
@@ -127,7 +141,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     plan = build_plan(load_manifest(args.manifest), probe=not args.offline)
     text = json.dumps(plan, indent=2, default=str) if args.format == "json" else render_markdown(plan)
-    print(redact_known_secrets(text))
+    say(text)
     return EXIT_OK
 
 
@@ -152,7 +166,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     def log(message: str) -> None:
         if not quiet:
-            print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+            say(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
     try:
         resolve_connections(manifest)  # missing credentials: exit 2 before a JVM starts
@@ -161,12 +175,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (RunFailed, ConfigError) as exc:
         if quiet:
             status = "failed" if isinstance(exc, RunFailed) else "config_error"
-            print(json.dumps({"status": status, "pipeline": manifest.name, "error": redact_known_secrets(str(exc))}))
+            say(json.dumps({"status": status, "pipeline": manifest.name, "error": redact_text(str(exc))}))
         raise
     if quiet:
-        print(json.dumps(result.as_dict(), default=str))
+        say(json.dumps(result.as_dict(), default=str))
     else:
-        print(
+        say(
             f"success: run {result.run_id}: {result.rows_extracted} rows extracted, "
             f"{result.messages_produced} messages produced to {manifest.sink.topic}; offsets {result.committed_offsets}"
         )
@@ -177,10 +191,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from dpone_dagster.doctor import failed_required, render_table, run_checks
 
     checks = run_checks(args.profile, args.connection_id, args.state_connection_id)
-    print(render_table(checks))
+    say(render_table(checks))
     failed = failed_required(checks)
     if failed:
-        print(f"\n{len(failed)} required check(s) failed: {', '.join(c.name for c in failed)}", file=sys.stderr)
+        say(f"\n{len(failed)} required check(s) failed: {', '.join(c.name for c in failed)}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
 
@@ -222,7 +236,7 @@ def _control_topic_state(manifest: Any) -> dict[str, Any]:
 def cmd_state_show(args: argparse.Namespace) -> int:
     if (manifest := load_manifest(args.manifest)).state.type == "kafka_control_topic":
         data = _control_topic_state(manifest)
-        print(json.dumps(data, indent=2) if args.format == "json" else "\n".join(f"{k}: next offset {v}" for k, v in data["offsets"].items()))
+        say(json.dumps(data, indent=2) if args.format == "json" else "\n".join(f"{k}: next offset {v}" for k, v in data["offsets"].items()))
         return EXIT_OK
     manifest, store, offsets = _offsets_view(args.manifest)
     try:
@@ -237,13 +251,13 @@ def cmd_state_show(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if args.format == "json":
-        print(json.dumps(data, indent=2, default=str))
+        say(json.dumps(data, indent=2, default=str))
     else:
-        print(f"{data['pipeline']}: {data['topic']} (group {data['group_id']}, {data['offset_storage']})")
+        say(f"{data['pipeline']}: {data['topic']} (group {data['group_id']}, {data['offset_storage']})")
         for p, o in data["offsets"].items() or []:
-            print(f"  partition {p}: next offset {o}")
+            say(f"  partition {p}: next offset {o}")
         if not data["offsets"]:
-            print("  no stored offsets (the next run starts from earliest)")
+            say("  no stored offsets (the next run starts from earliest)")
     return EXIT_OK
 
 
@@ -263,7 +277,7 @@ def cmd_state_reset(args: argparse.Namespace) -> int:
         store.reset_offsets(offsets.topic, offsets.group_id, exact or None)
     finally:
         store.close()
-    print(f"{manifest.name}: offsets {'set to ' + str(exact) if exact else 'cleared (next run starts from earliest)'}")
+    say(f"{manifest.name}: offsets {'set to ' + str(exact) if exact else 'cleared (next run starts from earliest)'}")
     return EXIT_OK
 
 
@@ -272,36 +286,36 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
 
     runs = list_runs(load_manifest(args.manifest).observability.artifacts.path)
     if args.format == "json":
-        print(json.dumps(runs, indent=2, default=str))
+        say(json.dumps(runs, indent=2, default=str))
         return EXIT_OK
     for run in runs:
-        print(
+        say(
             f"{run.get('run_id')}  {run.get('status'):8}  {run.get('started_at')}  "
             f"rows={run.get('rows')} messages={run.get('messages')}"
         )
     if not runs:
-        print("no run artifacts (set observability.artifacts.enabled: true)")
+        say("no run artifacts (set observability.artifacts.enabled: true)")
     return EXIT_OK
 
 
 def cmd_runs_show(args: argparse.Namespace) -> int:
     from dpone_dagster.observability.artifacts import show_run
 
-    print(json.dumps(show_run(load_manifest(args.manifest).observability.artifacts.path, args.run_id), indent=2, default=str))
+    say(json.dumps(show_run(load_manifest(args.manifest).observability.artifacts.path, args.run_id), indent=2, default=str))
     return EXIT_OK
 
 
 def cmd_schema_infer(args: argparse.Namespace) -> int:
     from dpone_dagster.schema.commands import infer, render
 
-    print(redact_known_secrets(render(infer(load_manifest(args.manifest)), args.format)))
+    say(render(infer(load_manifest(args.manifest)), args.format))
     return EXIT_OK
 
 
 def cmd_schema_physical_plan(args: argparse.Namespace) -> int:
     from dpone_dagster.schema.commands import physical_plan, render
 
-    print(redact_known_secrets(render(physical_plan(load_manifest(args.manifest)), args.format)))
+    say(render(physical_plan(load_manifest(args.manifest)), args.format))
     return EXIT_OK
 
 
@@ -309,8 +323,8 @@ def cmd_broker_start(args: argparse.Namespace) -> int:
     from dpone_dagster.embedded_broker import EmbeddedBroker
 
     with EmbeddedBroker(port=args.port) as broker:
-        print(f"embedded broker on {broker.bootstrap_servers} (memory only; Ctrl-C stops it)", flush=True)
-        print(f"export KAFKA_CLUSTER_BOOTSTRAP_SERVERS={broker.bootstrap_servers}", flush=True)
+        say(f"embedded broker on {broker.bootstrap_servers} (memory only; Ctrl-C stops it)", flush=True)
+        say(f"export KAFKA_CLUSTER_BOOTSTRAP_SERVERS={broker.bootstrap_servers}", flush=True)
         try:
             while True:
                 time.sleep(3600)

@@ -9,19 +9,25 @@ A block names a connection (`connection_id`) and where its credentials live (`co
 
 `resolve_fields` returns the raw fields; `resolve_kafka`, `resolve_postgres` and `resolve_jdbc` map them
 onto frozen models whose repr, str and describe() never show a secret. Every secret a model holds is
-added to a process-wide registry so that log lines and error texts can be scrubbed with
-`redact_known_secrets`. Error messages name where a value was looked up, never the value.
+added to the process-wide registry of `dpone_dagster.redact` (re-exported here), so that every output
+passing through `redact_text` / `redact_known_secrets` is scrubbed. Error messages name where a value
+was looked up, never the value.
+
+Vault tokens: every read looks the token up first and renews a renewable one once less than half its
+TTL is left; a token accepted earlier in the process and refused now is reported as expired or revoked.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol, TypeVar
-from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import (
     BaseModel,
@@ -34,6 +40,16 @@ from pydantic import (
 )
 
 from dpone_dagster.errors import ConfigError
+from dpone_dagster.redact import (
+    MASK,
+    SECRETS,
+    SecretRedactor,
+    redact,
+    redact_known_secrets,
+    redact_text,
+)
+from dpone_dagster.redact import is_secret_key as _is_secret_key
+from dpone_dagster.redact import url_passwords as _url_passwords
 
 __all__ = [
     "MASK",
@@ -48,13 +64,13 @@ __all__ = [
     "env_var_names",
     "redact",
     "redact_known_secrets",
+    "redact_text",
     "resolve_fields",
     "resolve_jdbc",
     "resolve_kafka",
     "resolve_postgres",
 ]
 
-MASK = "**********"
 CONNECTION_TYPES = ("env", "params", "airflow", "vault")
 _DPONE_ENV_PREFIX = "DPONE_CONN_"
 _LIBRDKAFKA_PREFIX = "librdkafka__"
@@ -67,87 +83,6 @@ class ConnectionRefLike(Protocol):
     connection_id: str | None
     connection_type: str
     params: Mapping[str, Any] | None
-
-
-# --------------------------------------------------------------------------- redaction
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """Replace every secret, and its percent-encoded forms (URIs, DSNs), with MASK."""
-    # Longest first, so a secret that contains a shorter one is masked whole.
-    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
-        for form in dict.fromkeys((secret, quote(secret, safe=""), quote_plus(secret))):
-            text = text.replace(form, MASK)
-    return text
-
-
-class SecretRedactor:
-    """A thread-safe set of secret values to scrub from text; its repr shows only a count."""
-
-    def __init__(self) -> None:
-        self._secrets: set[str] = set()
-        self._lock = threading.Lock()
-
-    def add(self, *secrets: str | None) -> None:
-        with self._lock:
-            self._secrets.update(s for s in secrets if s)
-
-    def redact(self, text: str) -> str:
-        with self._lock:
-            secrets = tuple(self._secrets)
-        return redact(text, secrets)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._secrets.clear()
-
-    def __len__(self) -> int:
-        return len(self._secrets)
-
-    def __repr__(self) -> str:
-        return f"SecretRedactor({len(self)} secrets)"
-
-
-# Every connection model adds its secrets here when it is built (and vault adds its token).
-SECRETS = SecretRedactor()
-
-
-def redact_known_secrets(text: str) -> str:
-    """Scrub every secret of every connection resolved in this process from `text`."""
-    return SECRETS.redact(text)
-
-
-# Pass-through settings whose values are credentials (ssl.key.password, sasl.oauthbearer.client.secret,
-# trustStorePassword...): masked in describe() and registered for redaction.
-_SECRET_WORDS = (
-    "password",
-    "passwd",
-    "pwd",
-    "secret",
-    "token",
-    "credential",
-    "jaas",
-    "key.pem",
-    "oauthbearer.config",
-    "apikey",
-    "api_key",
-)
-
-
-def _is_secret_key(name: str) -> bool:
-    lowered = name.lower()
-    return any(word in lowered for word in _SECRET_WORDS)
-
-
-_USERINFO_PASSWORD = re.compile(r"://[^/:@\s]*:([^/\s]*)@")
-_KEYWORD_PASSWORD = re.compile(r"(?i)\b(?:password|pwd)\s*=\s*('(?:\\.|[^'\\])*'|\"[^\"]*\"|[^\s;&]+)")
-
-
-def _url_passwords(text: str) -> list[str]:
-    """Passwords embedded in a URI, a libpq DSN or a JDBC URL (raw and percent-decoded)."""
-    found = [m.group(1) for m in _USERINFO_PASSWORD.finditer(text)]
-    found += [m.group(1).strip("'\"") for m in _KEYWORD_PASSWORD.finditer(text)]
-    return found + [unquote(value) for value in found]
 
 
 # --------------------------------------------------------------------------- raw fields
@@ -429,6 +364,7 @@ def _vault_fields(connection_id: str, environ: Mapping[str, str]) -> dict[str, A
     client = hvac.Client(
         url=settings.addr, token=settings.token, namespace=settings.namespace, verify=settings.verify
     )
+    _keep_token_fresh(client, settings, context)
     try:
         if settings.kv_version == 2:
             response = client.secrets.kv.v2.read_secret_version(
@@ -464,6 +400,54 @@ def _vault_fields(connection_id: str, environ: Mapping[str, str]) -> dict[str, A
             f"{context}: Vault secret {settings.where} has no keys. Fix: store the connection's fields as its keys."
         )
     return dict(data)
+
+
+# Tokens accepted earlier in this process (by digest, never the token), with when their TTL ran out
+# as last seen (None: no expiry): tells an expired token from a wrong one.
+_ACCEPTED_TOKENS: dict[str, float | None] = {}
+_ACCEPTED_LOCK = threading.Lock()
+# A renewable token is renewed when less than this share of its TTL is left.
+VAULT_RENEW_BELOW = 0.5
+
+
+def _token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _keep_token_fresh(client: Any, settings: _VaultSettings, context: str) -> None:
+    """Renew a renewable VAULT_TOKEN once less than half its TTL is left (every Vault read checks),
+    and say clearly when a token that worked earlier in this process has expired since."""
+    from hvac import exceptions as vault_errors
+
+    digest = _token_digest(settings.token)
+    try:
+        info = client.auth.token.lookup_self()["data"]
+    except (vault_errors.Forbidden, vault_errors.Unauthorized):
+        with _ACCEPTED_LOCK:
+            seen, expiry = digest in _ACCEPTED_TOKENS, _ACCEPTED_TOKENS.get(digest)
+        if seen:
+            until = (
+                f" (its TTL ran out at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(expiry))})"
+                if expiry
+                else ""
+            )
+            raise ConfigError(
+                f"{context}: VAULT_TOKEN was accepted earlier in this process but Vault now refuses it: it "
+                f"expired{until} or was revoked during the run. Fix: use a renewable token (it is renewed "
+                "whenever less than half its TTL is left) or one whose TTL outlasts the run, e.g. a periodic "
+                "token (`vault token create -period=1h -policy=<policy>`), then rerun."
+            ) from None
+        return  # never valid here: the secret read reports the denial with its fix
+    except Exception:  # noqa: BLE001 - lookup-self not permitted or not answered: the read decides
+        return
+    ttl, creation_ttl = int(info.get("ttl") or 0), int(info.get("creation_ttl") or 0)
+    if info.get("renewable") and creation_ttl and ttl < creation_ttl * VAULT_RENEW_BELOW:
+        try:
+            ttl = int(client.auth.token.renew_self()["auth"].get("lease_duration") or ttl)
+        except Exception:  # noqa: BLE001 - a token past its max TTL cannot be renewed; it still works until then
+            pass
+    with _ACCEPTED_LOCK:
+        _ACCEPTED_TOKENS[digest] = time.time() + ttl if ttl else None
 
 
 # --------------------------------------------------------------------------- typed models
@@ -543,13 +527,42 @@ _KAFKA_CLIENT_KEYS = {
     "sasl.password": "sasl_password",
     "ssl.ca.location": "ssl_ca_location",
 }
-_KAFKA_TYPED_KEYS = {**_KAFKA_CLIENT_KEYS, "sasl.mechanism": "sasl_mechanism"}
+# Typed since TLS client certificates and OAUTHBEARER joined; the same names may still come as raw
+# librdkafka settings when the typed field is unset.
+_KAFKA_TLS_OAUTH_KEYS = {
+    "ssl.certificate.location": "ssl_certificate_location",
+    "ssl.key.location": "ssl_key_location",
+    "ssl.key.password": "ssl_key_password",
+    "ssl.endpoint.identification.algorithm": "ssl_endpoint_identification_algorithm",
+    "sasl.oauthbearer.method": "sasl_oauthbearer_method",
+    "sasl.oauthbearer.client.id": "sasl_oauthbearer_client_id",
+    "sasl.oauthbearer.client.secret": "sasl_oauthbearer_client_secret",
+    "sasl.oauthbearer.token.endpoint.url": "sasl_oauthbearer_token_endpoint_url",
+    "sasl.oauthbearer.scope": "sasl_oauthbearer_scope",
+    "sasl.oauthbearer.extensions": "sasl_oauthbearer_extensions",
+    "sasl.oauthbearer.config": "sasl_oauthbearer_config",
+}
+_KAFKA_TYPED_KEYS = {**_KAFKA_CLIENT_KEYS, "sasl.mechanism": "sasl_mechanism", **_KAFKA_TLS_OAUTH_KEYS}
+_OIDC_FIELDS = ("sasl_oauthbearer_client_id", "sasl_oauthbearer_client_secret", "sasl_oauthbearer_token_endpoint_url")
+_REGISTRY_OAUTH_FIELDS = (
+    "schema_registry_oauth_client_id",
+    "schema_registry_oauth_client_secret",
+    "schema_registry_oauth_token_endpoint_url",
+)
+# Schema Registry client settings (confluent_kafka.schema_registry) -> KafkaConnection field.
+# ssl.key.password is not a setting of that client: schema.registry.registry_client applies it.
+_REGISTRY_TLS_KEYS = {
+    "ssl.ca.location": "schema_registry_ssl_ca_location",
+    "ssl.certificate.location": "schema_registry_ssl_certificate_location",
+    "ssl.key.location": "schema_registry_ssl_key_location",
+    "ssl.key.password": "schema_registry_ssl_key_password",
+}
 
 
 class KafkaConnection(_Connection):
     """A Kafka cluster (and optionally its schema registry)."""
 
-    _url_fields: ClassVar[tuple[str, ...]] = ("schema_registry_url",)
+    _url_fields: ClassVar[tuple[str, ...]] = ("bootstrap_servers", "schema_registry_url")
     _kind: ClassVar[str] = "Kafka"
 
     bootstrap_servers: str = Field(min_length=1)
@@ -558,10 +571,32 @@ class KafkaConnection(_Connection):
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
     ssl_ca_location: str | None = None
+    ssl_certificate_location: str | None = None
+    ssl_key_location: str | None = None
+    ssl_key_password: SecretStr | None = None
+    ssl_endpoint_identification_algorithm: str | None = None
+    sasl_oauthbearer_method: str | None = None
+    sasl_oauthbearer_client_id: str | None = None
+    sasl_oauthbearer_client_secret: SecretStr | None = None
+    sasl_oauthbearer_token_endpoint_url: str | None = None
+    sasl_oauthbearer_scope: str | None = None
+    sasl_oauthbearer_extensions: SecretStr | None = None
+    sasl_oauthbearer_config: SecretStr | None = None
     client_id: str = "dpone"
     schema_registry_url: str | None = None
     schema_registry_username: str | None = None
     schema_registry_password: SecretStr | None = None
+    schema_registry_ssl_ca_location: str | None = None
+    schema_registry_ssl_certificate_location: str | None = None
+    schema_registry_ssl_key_location: str | None = None
+    schema_registry_ssl_key_password: SecretStr | None = None
+    schema_registry_bearer_token: SecretStr | None = None
+    schema_registry_oauth_client_id: str | None = None
+    schema_registry_oauth_client_secret: SecretStr | None = None
+    schema_registry_oauth_scope: str | None = None
+    schema_registry_oauth_token_endpoint_url: str | None = None
+    schema_registry_logical_cluster: str | None = None
+    schema_registry_identity_pool_id: str | None = None
     # Raw librdkafka settings passed through unchanged.
     librdkafka: dict[str, str] = Field(default_factory=dict)
 
@@ -577,34 +612,81 @@ class KafkaConnection(_Connection):
 
     @model_validator(mode="after")
     def _consistent(self) -> KafkaConnection:
+        protocol = self.security_protocol or ""
         if (self.sasl_username is None) != (self.sasl_password is None):
             raise ValueError("sasl_username and sasl_password must be set together")
-        if self.sasl_username is not None and not (self.security_protocol or "").startswith("SASL_"):
+        if self.sasl_username is not None and not protocol.startswith("SASL_"):
             # librdkafka would ignore the credentials and connect without authenticating.
             raise ValueError(
                 "SASL credentials are set but security_protocol is not SASL_SSL or SASL_PLAINTEXT"
             )
-        if (self.schema_registry_username is None) != (self.schema_registry_password is None):
-            raise ValueError("schema_registry_username and schema_registry_password must be set together")
-        duplicated = sorted(set(self.librdkafka) & set(_KAFKA_TYPED_KEYS))
+        oauth = [name for name in _KAFKA_TLS_OAUTH_KEYS.values() if "oauthbearer" in name and getattr(self, name)]
+        if oauth and (self.sasl_mechanism or "").upper() != "OAUTHBEARER":
+            raise ValueError(f"{', '.join(oauth)} set but sasl_mechanism is not OAUTHBEARER")
+        if (self.sasl_oauthbearer_method or "").lower() == "oidc":
+            missing = [name for name in _OIDC_FIELDS if not getattr(self, name)]
+            if missing:
+                raise ValueError(f"sasl_oauthbearer_method oidc needs {', '.join(missing)}")
+        if (self.sasl_mechanism or "").upper() == "OAUTHBEARER" and not protocol.startswith("SASL_"):
+            raise ValueError("sasl_mechanism OAUTHBEARER needs security_protocol SASL_SSL or SASL_PLAINTEXT")
+        client_tls = [
+            name for name in ("ssl_certificate_location", "ssl_key_location", "ssl_key_password") if getattr(self, name)
+        ]
+        if client_tls and not protocol.endswith("SSL"):
+            # librdkafka would connect in plain text and never present the certificate.
+            raise ValueError(f"{', '.join(client_tls)} set but security_protocol is not SSL or SASL_SSL")
+        raw_duplicates = {key for key, field in _KAFKA_TLS_OAUTH_KEYS.items() if getattr(self, field) is not None}
+        duplicated = sorted(set(self.librdkafka) & ((set(_KAFKA_TYPED_KEYS) - set(_KAFKA_TLS_OAUTH_KEYS)) | raw_duplicates))
         if duplicated:
             fields = ", ".join(_KAFKA_TYPED_KEYS[key] for key in duplicated)
             raise ValueError(
                 f"librdkafka setting(s) {', '.join(duplicated)} duplicate typed fields: set {fields} instead"
             )
+        self._check_registry()
         return self
+
+    def _check_registry(self) -> None:
+        if (self.schema_registry_username is None) != (self.schema_registry_password is None):
+            raise ValueError("schema_registry_username and schema_registry_password must be set together")
+        oauth = [name for name in _REGISTRY_OAUTH_FIELDS if getattr(self, name)]
+        if oauth and len(oauth) != len(_REGISTRY_OAUTH_FIELDS):
+            missing = [name for name in _REGISTRY_OAUTH_FIELDS if name not in oauth]
+            raise ValueError(f"{', '.join(oauth)} set without {', '.join(missing)}")
+        schemes = [
+            label
+            for label, present in (
+                ("schema_registry_username/password (basic)", self.schema_registry_username is not None),
+                ("schema_registry_bearer_token", self.schema_registry_bearer_token is not None),
+                ("schema_registry_oauth_* (OAuth client credentials)", bool(oauth)),
+            )
+            if present
+        ]
+        if len(schemes) > 1:
+            # The registry client sends one Authorization header; the others would be dropped silently.
+            raise ValueError(f"choose one Schema Registry authentication: {' or '.join(schemes)}")
+        if self.schema_registry_ssl_key_location and not self.schema_registry_ssl_certificate_location:
+            raise ValueError("schema_registry_ssl_key_location needs schema_registry_ssl_certificate_location")
+        if self.schema_registry_ssl_key_password is not None and not self.schema_registry_ssl_certificate_location:
+            raise ValueError("schema_registry_ssl_key_password needs schema_registry_ssl_certificate_location")
+        tls = [name for name in _REGISTRY_TLS_KEYS.values() if getattr(self, name)]
+        url = (self.schema_registry_url or "").lower()
+        if (tls or schemes) and not url:
+            raise ValueError(f"{', '.join(tls + schemes)} set without schema_registry_url")
+        if tls and url.startswith("http://"):
+            raise ValueError(f"{', '.join(tls)} set but schema_registry_url is http://, not https://")
 
     def client_config(self) -> dict[str, str]:
         """The librdkafka configuration (confluent_kafka Producer/Consumer/AdminClient conf)."""
         config: dict[str, str] = {}
-        for key, field in _KAFKA_CLIENT_KEYS.items():
+        for key, field in {**_KAFKA_CLIENT_KEYS, **_KAFKA_TLS_OAUTH_KEYS}.items():
             value = getattr(self, field)
             if value is not None:
                 config[key] = value.get_secret_value() if isinstance(value, SecretStr) else value
         return {**config, **self.librdkafka}
 
     def schema_registry_config(self) -> dict[str, str] | None:
-        """confluent_kafka.schema_registry.SchemaRegistryClient conf, or None without a registry URL."""
+        """Settings for `schema.registry.registry_client` (confluent_kafka's SchemaRegistryClient conf,
+        plus ssl.key.password), or None without a registry URL."""
         if not self.schema_registry_url:
             return None
         config = {"url": self.schema_registry_url}
@@ -612,6 +694,23 @@ class KafkaConnection(_Connection):
             config["basic.auth.user.info"] = (
                 f"{self.schema_registry_username}:{_reveal(self.schema_registry_password)}"
             )
+        for key, field in _REGISTRY_TLS_KEYS.items():
+            value = getattr(self, field)
+            if value is not None:
+                config[key] = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if self.schema_registry_bearer_token is not None:
+            config["bearer.auth.credentials.source"] = "STATIC_TOKEN"
+            config["bearer.auth.token"] = self.schema_registry_bearer_token.get_secret_value()
+        elif self.schema_registry_oauth_client_id:
+            config["bearer.auth.credentials.source"] = "OAUTHBEARER"
+            config["bearer.auth.client.id"] = self.schema_registry_oauth_client_id
+            config["bearer.auth.client.secret"] = _reveal(self.schema_registry_oauth_client_secret) or ""
+            config["bearer.auth.scope"] = self.schema_registry_oauth_scope or ""
+            config["bearer.auth.issuer.endpoint.url"] = self.schema_registry_oauth_token_endpoint_url or ""
+        if "bearer.auth.credentials.source" in config:
+            # Confluent Cloud routing headers; the client requires both keys, other registries ignore them.
+            config["bearer.auth.logical.cluster"] = self.schema_registry_logical_cluster or ""
+            config["bearer.auth.identity.pool.id"] = self.schema_registry_identity_pool_id or ""
         return config
 
 

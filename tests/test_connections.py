@@ -141,9 +141,8 @@ def test_env_unknown_field_is_named_with_allowed_fields() -> None:
     message = config_error(resolve_kafka, ref("kafka_cluster"), environ=environ)
     assert "unknown field(s) 'sasl_pasword'" in message
     assert "DPONE_CONN_KAFKA_CLUSTER_SASL_PASWORD or KAFKA_CLUSTER_SASL_PASWORD" in message
-    assert (
-        "Allowed fields: bootstrap_servers, client_id, librdkafka, sasl_mechanism, sasl_password," in message
-    )
+    assert "Allowed fields: bootstrap_servers, client_id, librdkafka, sasl_mechanism, sasl_oauthbearer_" in message
+    assert ", sasl_password, sasl_username, schema_registry_bearer_token," in message
     assert "KAFKA_CLUSTER_LIBRDKAFKA__SOCKET_TIMEOUT_MS=5000" in message
     assert "typo-Secret-3" not in message
 
@@ -692,17 +691,15 @@ def test_kafka_repr_str_describe_are_redacted() -> None:
         librdkafka={"ssl.key.password": "key-Secret-20", "socket.timeout.ms": "5000"},
     )
     described = connection.describe()
-    assert described == {
+    assert set(described) == set(KafkaConnection.model_fields)
+    assert {name: value for name, value in described.items() if value is not None} == {
         "bootstrap_servers": "b:9092",
         "security_protocol": "SASL_SSL",
         "sasl_mechanism": "PLAIN",
         "sasl_username": "svc",
         "sasl_password": MASK,
-        "ssl_ca_location": None,
         "client_id": "dpone",
         "schema_registry_url": f"https://sr-user:{MASK}@sr.example",
-        "schema_registry_username": None,
-        "schema_registry_password": None,
         "librdkafka": {"ssl.key.password": MASK, "socket.timeout.ms": "5000"},
     }
     for text in (repr(connection), str(connection), json.dumps(described)):
@@ -800,3 +797,40 @@ def test_schema_registry_config_is_accepted_by_the_client() -> None:
     assert config == {"url": "http://127.0.0.1:1", "basic.auth.user.info": "sr:sr-Secret-27"}
     SchemaRegistryClient(config)
     assert KafkaConnection(bootstrap_servers="b:9092").schema_registry_config() is None
+
+
+# --------------------------------------------------------------------------- vault token lifetime
+
+
+def _reader_token(vault: Vault, **options: Any) -> str:
+    """A token that may only read the connection secrets (lookup-self and renew-self come with the
+    default policy)."""
+    vault.client.sys.create_or_update_policy(
+        name="dpone-read", policy='path "secret/data/dpone/*" { capabilities = ["read"] }'
+    )
+    return vault.client.auth.token.create(policies=["dpone-read"], **options)["auth"]["client_token"]
+
+
+def test_vault_token_is_renewed_before_it_expires(vault: Vault) -> None:
+    token = _reader_token(vault, ttl="6s", renewable=True, explicit_max_ttl="120s")
+    environ = vault.environ(VAULT_TOKEN=token)
+    assert resolve_fields("kafka_cluster", "vault", environ=environ) == KAFKA_SECRET
+    time.sleep(3.5)  # less than half of the TTL left: the next read renews it
+    assert resolve_fields("kafka_cluster", "vault", environ=environ) == KAFKA_SECRET
+    assert vault.client.auth.token.lookup(token)["data"]["ttl"] > 4
+    time.sleep(3.5)  # past the first TTL: only a renewed token still reads
+    assert resolve_fields("kafka_cluster", "vault", environ=environ) == KAFKA_SECRET
+
+
+def test_vault_token_expiring_mid_run_is_reported_as_expired(vault: Vault) -> None:
+    token = _reader_token(vault, ttl="2s", renewable=False)
+    environ = vault.environ(VAULT_TOKEN=token)
+    assert resolve_fields("kafka_cluster", "vault", environ=environ) == KAFKA_SECRET
+    time.sleep(3)
+    message = config_error(resolve_fields, "kafka_cluster", "vault", environ=environ)
+    assert message.startswith("connection 'kafka_cluster' (connection_type: vault): VAULT_TOKEN was accepted")
+    assert "expired (its TTL ran out at " in message and "Fix: use a renewable token" in message
+    assert token not in message
+    # A token that never worked here is a denial, not an expiry.
+    message = config_error(resolve_fields, "kafka_cluster", "vault", environ=vault.environ(VAULT_TOKEN="s.never-valid"))
+    assert "Vault denied reading" in message and "expired" not in message

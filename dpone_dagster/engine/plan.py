@@ -2,6 +2,8 @@
 
 When the broker is reachable the plan carries the concrete per-partition offsets a run would
 read now; otherwise it says why they are missing. Nothing is produced and no state is written.
+Every value of the plan passes through `redact.redact_mapping` (credential-named settings, URL and
+DSN credentials and known secrets masked) before it is returned or rendered.
 """
 
 from __future__ import annotations
@@ -14,9 +16,8 @@ from dpone_dagster.connections import resolve_kafka
 from dpone_dagster.errors import DponeError
 from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.manifest.models import KafkaSource, Manifest
+from dpone_dagster.redact import redact_mapping, redact_text
 from dpone_dagster.sources.kafka import KafkaBatchSource, default_group_id
-
-SECRET_HINTS = ("password", "secret", "token", "sasl.jaas", "key.password")
 
 
 def build_plan(manifest: Manifest, probe: bool = True) -> dict[str, Any]:
@@ -35,7 +36,7 @@ def build_plan(manifest: Manifest, probe: bool = True) -> dict[str, Any]:
     }
     if probe and isinstance(manifest.source, KafkaSource):
         plan["source"]["boundary"] = _probe_boundary(manifest)
-    return plan
+    return redact_mapping(plan)
 
 
 def _source_section(manifest: Manifest) -> dict[str, Any]:
@@ -93,7 +94,7 @@ def _sink_section(manifest: Manifest) -> dict[str, Any]:
         "key": o.key.model_dump(),
         "envelope": o.envelope,
         "message_format": o.message_format,
-        "delivery": {"mode": o.delivery.mode, "producer": _safe(settings)},
+        "delivery": {"mode": o.delivery.mode, "producer": settings},
         "deletes": o.deletes.model_dump(),
         "headers": o.headers.model_dump(),
         "create_topic": o.create_topic.model_dump(),
@@ -145,10 +146,6 @@ def _probe_boundary(manifest: Manifest) -> dict[str, Any]:
         return {"reachable": False, "reason": f"{type(exc).__name__}: {exc}"}
 
 
-def _safe(settings: dict[str, Any]) -> dict[str, Any]:
-    return {k: ("***" if any(h in k for h in SECRET_HINTS) else v) for k, v in settings.items()}
-
-
 def render_markdown(plan: dict[str, Any]) -> str:
     lines = [f"# Plan: {plan['name']}", ""]
     for section in ("source", "sink", "schema_evolution", "state", "quality", "observability"):
@@ -162,7 +159,7 @@ def render_markdown(plan: dict[str, Any]) -> str:
         if section == "source" and "boundary" in plan[section]:
             lines += ["", *_boundary_markdown(plan[section]["boundary"])]
         lines.append("")
-    return "\n".join(lines)
+    return redact_text("\n".join(lines))
 
 
 def _boundary_markdown(boundary: dict[str, Any]) -> list[str]:

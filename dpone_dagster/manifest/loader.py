@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from dpone_dagster.errors import ConfigError
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.manifest.rules import Problem, check_rules
+from dpone_dagster.redact import redact_text
 
 
 class ManifestError(ConfigError):
@@ -26,7 +27,8 @@ class ManifestError(ConfigError):
     def __init__(self, source: str, problems: list[Problem]):
         self.source = source
         self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
+        # A problem may quote an input value (a literal field, say): masked like every other output.
+        lines = "\n".join(f"  - {redact_text(str(p))}" for p in problems)
         super().__init__(f"{source}: invalid manifest ({len(problems)} problem(s)):\n{lines}")
 
 
@@ -46,10 +48,29 @@ def parse_manifest(text: str, source: str = "<manifest>") -> Manifest:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
-        raise ManifestError(source, [Problem("<yaml>", f"not valid YAML{at}: {exc}")]) from exc
+        # `from None`: str(exc) and the parser's marks quote the offending source line, which may
+        # hold an inline password.
+        raise ManifestError(source, [Problem("<yaml>", yaml_problem(exc))]) from None
     return manifest_from_dict(data, source=source)
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """Where the YAML is broken and the parser's problem, never the source text around it."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        parts = [exc.context, exc.problem]
+        context_mark = exc.context_mark
+        if exc.context and context_mark is not None and context_mark is not mark:
+            parts[0] = f"{exc.context} (line {context_mark.line + 1}, column {context_mark.column + 1})"
+        # "; " not ": ": "while scanning for the next token: found ..." would read as a token's value.
+        detail = "; ".join(part for part in parts if part) or type(exc).__name__
+    elif isinstance(exc, yaml.reader.ReaderError):
+        detail = f"unacceptable character #x{exc.character:04x}" if isinstance(exc.character, int) else exc.reason
+        at = f" at byte {exc.position}"
+    else:
+        detail = type(exc).__name__
+    return redact_text(f"not valid YAML{at}: {detail}. Fix: correct the YAML syntax there")
 
 
 def manifest_from_dict(data: Any, source: str = "<manifest>") -> Manifest:

@@ -9,7 +9,17 @@ from typing import Any
 
 from dagster_pyspark import LazyPySparkResource
 
+from dpone_dagster.child_env import withheld_from_children
 from dpone_dagster.spark.session import default_spark_conf, ensure_executor_python, with_jars
+
+
+class DponeSparkResource(LazyPySparkResource):
+    """dagster-pyspark's lazy session, started without credential variables in the environment
+    its JVM and Python workers inherit (`child_env`)."""
+
+    def _init_session(self) -> None:
+        with withheld_from_children():
+            super()._init_session()
 
 
 def spark_config_from_env() -> dict[str, Any]:
@@ -18,7 +28,7 @@ def spark_config_from_env() -> dict[str, Any]:
     return {**default_spark_conf(), **extra}
 
 
-def spark_resource(jars: list[str] | None = None) -> LazyPySparkResource:
+def spark_resource(jars: list[str] | None = None) -> DponeSparkResource:
     """The run's Spark session settings; `jars` (JDBC drivers) join any from DPONE_SPARK_CONF."""
     ensure_executor_python()
-    return LazyPySparkResource(spark_config=with_jars(spark_config_from_env(), jars or []))
+    return DponeSparkResource(spark_config=with_jars(spark_config_from_env(), jars or []))

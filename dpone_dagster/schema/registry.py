@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import ssl
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from pyspark.sql.types import (
 )
 
 from dpone_dagster.errors import ConfigError
+from dpone_dagster.redact import redact_text
 
 MAGIC_BYTE = 0
 HEADER_SIZE = 5
@@ -174,18 +176,71 @@ def unframe(value: bytes, with_indexes: bool = False) -> tuple[int, list[int] | 
 _MOCK_CLIENTS: dict[str, SchemaRegistryClient] = {}
 
 
+# TLS settings `registry_client` applies itself: confluent-kafka's client has no key password, and a
+# key it loads without one makes OpenSSL prompt on the terminal.
+_TLS_KEYS = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location", "ssl.key.password")
+
+
 def registry_client(config: Mapping[str, Any]) -> SchemaRegistryClient:
-    """A client for `config`; `mock://` URLs share one in-memory registry per URL in this process.
+    """A client for `config` (`KafkaConnection.schema_registry_config()`); `mock://` URLs share one
+    in-memory registry per URL in this process.
 
     `SchemaRegistryClient(conf)` never returns the mock (only `SchemaRegistryClient.new_client`
     does), and each mock object has a private store, so code paths of one run must share it.
+    TLS (CA, client certificate and key, key password) is applied through an `ssl.SSLContext`.
     """
-    url = str(config.get("url") or "")
+    conf = dict(config)
+    tls = {key: conf.pop(key) for key in _TLS_KEYS if conf.get(key) is not None}
+    url = str(conf.get("url") or "")
     if url.startswith("mock://"):
         if url not in _MOCK_CLIENTS:
-            _MOCK_CLIENTS[url] = SchemaRegistryClient.new_client(dict(config))
+            _MOCK_CLIENTS[url] = SchemaRegistryClient.new_client(conf)
         return _MOCK_CLIENTS[url]
-    return SchemaRegistryClient(dict(config))
+    client = SchemaRegistryClient(conf)
+    if tls:
+        _use_tls(client, registry_ssl_context(tls))
+    return client
+
+
+def registry_ssl_context(tls: Mapping[str, str]) -> ssl.SSLContext:
+    """The client-side TLS context of a registry connection: server verification against
+    ssl.ca.location (else the system's CAs) and the client certificate, if any."""
+    cafile = tls.get("ssl.ca.location")
+    try:
+        context = ssl.create_default_context(cafile=cafile)
+        if tls.get("ssl.certificate.location"):
+            password = tls.get("ssl.key.password")
+            context.load_cert_chain(
+                tls["ssl.certificate.location"],
+                tls.get("ssl.key.location"),
+                # A callable: OpenSSL never prompts, and a key without a password ignores it.
+                (lambda: password) if password is not None else (lambda: ""),
+            )
+    except (OSError, ssl.SSLError) as exc:
+        # The reason only: never the key password.
+        reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or type(exc).__name__
+        raise ConfigError(
+            f"schema registry TLS: cannot load the CA / client certificate / key ({reason}); check "
+            "schema_registry_ssl_ca_location, schema_registry_ssl_certificate_location, "
+            "schema_registry_ssl_key_location and schema_registry_ssl_key_password of the connection"
+        ) from None
+    return context
+
+
+def _use_tls(client: SchemaRegistryClient, context: ssl.SSLContext) -> None:
+    rest = getattr(client, "_rest_client", None)
+    if rest is None or not hasattr(rest, "session"):
+        raise ConfigError(
+            "schema registry TLS: this confluent-kafka version's registry client cannot take a TLS "
+            "context; install the confluent-kafka version pinned by the project"
+        )
+    rest.session.close()
+    rest.session = httpx.Client(
+        verify=context,
+        auth=getattr(rest, "auth", None),
+        proxy=getattr(rest, "proxy", None),
+        timeout=getattr(rest, "timeout", None),
+    )
 
 
 def _not_found(error: SchemaRegistryError) -> bool:
@@ -521,7 +576,8 @@ def registry_errors(config: Mapping[str, Any]) -> Iterator[None]:
     except SchemaRegistryError as error:
         classified = classify_registry(getattr(error, "http_status_code", None), str(error))
         if classified.kind == "retriable":
-            raise ConfigError(classified.message(f"{url}: {error}")) from None
+            raise ConfigError(redact_text(classified.message(f"{url}: {error}"))) from None
         raise
     except (httpx.HTTPError, OSError) as error:
-        raise ConfigError(classify_registry(None).message(f"{url}: {type(error).__name__}: {error}")) from None
+        # The URL may carry user:password and the transport error may echo it.
+        raise ConfigError(redact_text(classify_registry(None).message(f"{url}: {type(error).__name__}: {error}"))) from None

@@ -9,6 +9,8 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from dpone_dagster.child_env import withheld_from_children
+
 
 def default_spark_conf() -> dict[str, Any]:
     """Embedded defaults; DPONE_SPARK_MASTER points the engine at a cluster."""
@@ -72,6 +74,8 @@ def get_spark(conf: dict[str, Any] | None = None) -> SparkSession:
     builder = SparkSession.builder
     for key, value in {**default_spark_conf(), **(conf or {})}.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    # The JVM and its Python workers copy this process's environment: credentials stay here.
+    with withheld_from_children():
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel(os.environ.get("DPONE_SPARK_LOG_LEVEL", "ERROR"))
     return session
