@@ -23,12 +23,12 @@ from dagster_pyspark import LazyPySparkResource
 
 from dpone_dagster.assets.partitions import is_closed, partition_settings, partitions_def_for, window_for_key
 from dpone_dagster.assets.retries import refuse_retry, tag_retry_budget
-from dpone_dagster.connections import redact_known_secrets
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.run import RunRequest, run_pipeline
 from dpone_dagster.errors import DponeError, is_retryable
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.quality.results import check_names
+from dpone_dagster.redact import redact_mapping, redact_text
 from dpone_dagster.resources.kafka import KafkaResource
 from dpone_dagster.sources.kafka import TimeWindow
 
@@ -100,7 +100,7 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None, 
             run_id=f"{context.run_id}-{context.retry_number}",
             windows=windows,
             fallback_offsets=None if windows else last_committed_offsets(context, manifest),
-            log=context.log.info,
+            log=lambda message: context.log.info(redact_text(message)),
             kafka_config=kafka.client_config,
         )
         tag_retry_budget(context, manifest)
@@ -111,7 +111,7 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None, 
                 refuse_retry(context)
             # Report the gates that ran, then fail: no materialization a later run could trust.
             yield from check_results(check_specs, exc.result.gates if exc.result else [], complete=False)
-            raise Failure(description=redact_known_secrets(str(exc))) from None
+            raise Failure(description=redact_text(str(exc))) from None
         yield from check_results(check_specs, result.gates, complete=True)
         metadata = materialization_metadata(result)
         if keys:
@@ -160,13 +160,13 @@ def check_results(specs: list[AssetCheckSpec], gates: list[dict[str, Any]], comp
             check_name=spec.name,
             passed=bool(gate["passed"]),
             severity=AssetCheckSeverity.ERROR if gate["severity"] == "fail" else AssetCheckSeverity.WARN,
-            description=gate["description"],
+            description=redact_text(gate["description"]),
             metadata={
                 "observed": MetadataValue.text(str(gate["observed"])),
                 "threshold": MetadataValue.text(str(gate["threshold"])),
                 "phase": gate["phase"],
                 "skipped": gate["skipped"],
-                "failing_sample": MetadataValue.json(gate["failing_sample"]),
+                "failing_sample": MetadataValue.json(redact_mapping(gate["failing_sample"])),
                 **({"observed_value": MetadataValue.float(float(gate["observed"]))} if isinstance(gate["observed"], int | float) else {}),
             },
         )
