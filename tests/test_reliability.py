@@ -136,7 +136,7 @@ def test_two_runs_of_one_pipeline_never_overlap(broker, spark, kafka_env, tmp_pa
     produce_json(bs, src, [{"order_id": 1}], partition=0)
     holder = LocalStateStore(str(tmp_path))
     assert holder.try_lock("rel")  # another run holds the pipeline's lock
-    with pytest.raises(RunFailed, match="another run of pipeline 'rel' is in progress"):
+    with pytest.raises(RunFailed, match="another run holds pipeline 'rel'"):
         run_pipeline(parse_manifest(manifest(src, dst, tmp_path)), spark)
     assert consume_all(bs, dst) == []
     holder.unlock("rel")
@@ -157,7 +157,7 @@ def test_postgres_advisory_lock_blocks_a_second_run(broker, spark, kafka_env, pg
         ("etl_state", "etl_kafka_offsets"),
     )
     assert holder.try_lock("rel")
-    with pytest.raises(RunFailed, match="another run of pipeline 'rel' is in progress"):
+    with pytest.raises(RunFailed, match="another run holds pipeline 'rel'"):
         run_pipeline(parse_manifest(text), spark)
     holder.close()  # releases the advisory lock
     produce_json(bs, src, [{"order_id": 9}], partition=0)

@@ -23,6 +23,7 @@ from dagster_pyspark import LazyPySparkResource
 
 from dpone_dagster.assets.partitions import is_closed, partition_settings, partitions_def_for, window_for_key
 from dpone_dagster.assets.retries import refuse_retry, tag_retry_budget
+from dpone_dagster.engine.locks import dagster_pool
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.run import RunRequest, run_pipeline
 from dpone_dagster.errors import DponeError, is_retryable
@@ -90,8 +91,9 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None, 
         partitions_def=partitions_def,
         # A range backfill reads all its windows in one run; offsets are recorded per key.
         backfill_policy=BackfillPolicy.single_run() if partitions_def else None,
-        # One slot per pipeline: two runs of the same manifest never overlap.
-        pool=f"dpone_{manifest.name}",
+        # One slot per pool (dagster.yaml): runs that share offsets (one pipeline, or one topic and
+        # consumer group) never overlap.
+        pool=dagster_pool(manifest),
         check_specs=check_specs,
     )
     def _materialize(context: AssetExecutionContext, pyspark: LazyPySparkResource, kafka: KafkaResource):

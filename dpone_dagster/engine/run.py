@@ -22,6 +22,7 @@ from dpone_dagster import columns as C
 from dpone_dagster.connections import redact_known_secrets, resolve_kafka, resolve_postgres
 from dpone_dagster.engine import time_windows
 from dpone_dagster.engine.bad_records import handle_bad_records
+from dpone_dagster.engine.locks import RunLock, run_locks
 from dpone_dagster.engine.offsets import OffsetStorage
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.errors import ConfigError, DataRefused, DponeError, RunFailed
@@ -64,12 +65,7 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
     result = RunResult(run_id=run_id, pipeline=manifest.name)
     _refuse_unsupported(manifest)
     store = open_manifest_state_store(manifest)
-    if not store.try_lock(manifest.name):
-        store.close()
-        raise RunFailed(
-            f"another run of pipeline '{manifest.name}' is in progress (its lock is held in the state store "
-            f"{store.describe()}); two runs of one pipeline never overlap — wait for it to finish"
-        )
+    locks = _lock(store, manifest)
     record = RunRecord(run_id=run_id, pipeline=manifest.name, status="running", started_at=utcnow())
     result.started_at = record.started_at.isoformat()
     store.start_run(record)
@@ -80,7 +76,7 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
         result.error = redact_known_secrets(str(exc))
         result.finished_at = utcnow().isoformat()
         store.finish_run_failed(_record(record, result, "failed"))
-        store.unlock(manifest.name)
+        _unlock(store, locks)
         store.close()
         _export_metrics(manifest, result, request.log)
         _write_artifacts(manifest, result, request.log)
@@ -89,11 +85,32 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
         if error is exc:
             raise
         raise error from exc
-    store.unlock(manifest.name)
+    _unlock(store, locks)
     store.close()
     _export_metrics(manifest, result, request.log)
     _write_artifacts(manifest, result, request.log)
     return result
+
+
+def _lock(store: StateStore, manifest: Manifest) -> list[RunLock]:
+    """Every lock of the run (engine/locks.py), or none and a RunFailed naming what is held."""
+    held: list[RunLock] = []
+    for lock in run_locks(manifest):
+        if not store.try_lock(lock.key):
+            _unlock(store, held)
+            where = store.describe()
+            store.close()
+            raise RunFailed(
+                f"another run holds {lock.holder} (its lock is held in the state store {where}); runs that "
+                "share it never overlap — wait for that run to finish"
+            )
+        held.append(lock)
+    return held
+
+
+def _unlock(store: StateStore, locks: list[RunLock]) -> None:
+    for lock in reversed(locks):
+        store.unlock(lock.key)
 
 
 def _export_metrics(manifest: Manifest, result: RunResult, log: Log) -> None:
