@@ -25,7 +25,7 @@ from dpone_dagster.engine.offsets import OffsetStorage
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.errors import ConfigError, DponeError, RunFailed
 from dpone_dagster.kafka.admin import ensure_sink_topic
-from dpone_dagster.kafka.config import producer_config
+from dpone_dagster.kafka.config import check_producer_settings, producer_config
 from dpone_dagster.kafka.errors import classify_text
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.manifest.rules import REGISTRY_FORMATS
@@ -342,6 +342,7 @@ def _run(
     log = request.log
     kafka_config = request.kafka_config or (lambda ref: resolve_kafka(ref).client_config())
     sink_config = kafka_config(manifest.sink)
+    check_producer_settings(manifest, sink_config)  # the connection's and resource's overrides too
     if manifest.sink.options.delivery.mode == "exactly_once":
         _run_replication(manifest, spark, request, store, record, result, kafka_config)
         return

@@ -204,6 +204,14 @@ class DeliveryOptions(StrictModel):
     # Raw librdkafka producer settings passed through unchanged.
     producer_config: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("acks", mode="before")
+    @classmethod
+    def _acks_as_text(cls, value: Any) -> Any:
+        """YAML reads `acks: 1` as an integer; librdkafka takes the same values as text."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        return value
+
 
 class DeleteOptions(StrictModel):
     enabled: bool = False

@@ -32,7 +32,21 @@ def check_rules(manifest: Manifest) -> list[Problem]:
     problems += _state_rules(manifest)
     problems += _quality_rules(manifest)
     problems += _topic_rules(manifest)
+    problems += _delivery_rules(manifest)
     return problems
+
+
+def _delivery_rules(m: Manifest) -> list[Problem]:
+    """The manifest's own producer settings must keep the declared delivery mode's promise (the
+    connection's and the resource's overrides are checked again when a run resolves them)."""
+    from dpone_dagster.kafka.config import delivery_contradictions, producer_config, setting_origin
+
+    delivery = m.sink.options.delivery
+    settings = producer_config({}, delivery)
+    if delivery.acks is not None:
+        settings["acks"] = delivery.acks  # the idempotent modes override it: declaring it is still wrong
+    problems = delivery_contradictions(delivery.mode, settings)
+    return [Problem(setting_origin(m, key), f"{why} (sink.options.delivery.mode: {delivery.mode})") for key, why in problems]
 
 
 def _strategy_rules(m: Manifest) -> list[Problem]:
