@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import write_manifest
+from conftest import consume_all, create_topic, produce_json, unique_topic, write_manifest
 
 from dpone_dagster.cli import main
+from dpone_dagster.engine.run import RunRequest, run_pipeline
 from dpone_dagster.errors import ConfigError
 from dpone_dagster.kafka.config import check_producer_settings, effective_producer_settings
 from dpone_dagster.manifest import parse_manifest
+from dpone_dagster.replication.control_topic import read_committed_offsets
 
 
 def manifest_with(delivery: str, strategy: str = "{mode: incremental_append}", source: str = "topic: src") -> str:
@@ -103,3 +105,50 @@ def test_effective_settings_show_every_override_and_no_credentials():
     assert settings["linger.ms"] == 7 and settings["message.timeout.ms"] == 9000
     assert settings["retries"] == "4" and settings["compression.type"] == "lz4"
     assert "sasl.password" not in settings and "bootstrap.servers" not in settings
+
+
+# --------------------------------------------------------------------------- one replication plan
+
+
+def replication_text(src: str, dst: str, control: str, tmp_path: Path) -> str:
+    return f"""
+name: k2k_one_plan
+source: {{type: kafka, connection_id: kafka_cluster, topic: {src}}}
+sink:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {dst}
+  strategy: {{mode: incremental_append}}
+  options:
+    delivery: {{mode: exactly_once}}
+    replication: {{control_topic: {{name: {control}, commit_group: grp_{src}}}}}
+state: {{type: local, path: {tmp_path}}}
+quality: {{mode: fail, checks: [{{type: min_rows, threshold: 1}}]}}
+"""
+
+
+def test_replication_copies_exactly_the_ranges_its_gates_checked(broker, spark, kafka_env, tmp_path):
+    bs = broker.bootstrap_servers
+    src, dst, control = unique_topic("osrc"), unique_topic("odst"), unique_topic("ctl")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    produce_json(bs, src, [{"n": i} for i in range(5)], partition=0)
+    late: list[int] = []
+
+    def log(message: str) -> None:
+        # Records arriving once the plan is fixed belong to the next run, whatever happens later.
+        if message.startswith("plan: ") and not late:
+            produce_json(bs, src, [{"n": 100 + i} for i in range(3)], partition=0)
+            late.append(3)
+
+    manifest = parse_manifest(replication_text(src, dst, control, tmp_path))
+    first = run_pipeline(manifest, spark, RunRequest(log=log))
+    assert late and first.gates[0]["observed"] == 5
+    assert first.messages_produced == 5
+    assert sorted(r["value"]["n"] for r in consume_all(bs, dst)) == list(range(5))
+    options = manifest.sink.options.replication.control_topic
+    assert read_committed_offsets({"bootstrap.servers": bs}, options, f"grp_{src}", [src]) == {(src, 0): 5}
+
+    second = run_pipeline(manifest, spark)
+    assert second.messages_produced == 3 and second.gates[0]["observed"] == 3
+    assert sorted(r["value"]["n"] for r in consume_all(bs, dst)) == [*range(5), 100, 101, 102]

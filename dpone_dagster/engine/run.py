@@ -422,13 +422,17 @@ def _run_replication(
     source_config, target_config = kafka_config(manifest.source), kafka_config(manifest.sink)
     mapping = manifest.sink.options.replication.schema_mapping
     registries = (_registry_config(manifest.source), _registry_config(manifest.sink)) if mapping else (None, None)
+    plan = None
     if manifest.quality.checks:
         with _stage(result, "quality_pre", log):
-            # Gates read the planned ranges before any transaction begins.
+            # Gates read the planned ranges before any transaction begins; the replication copies
+            # exactly these ranges (one plan from the gates to the commit).
             plan = plan_replication(manifest, source_config, target_config, log)
             _replication_gates(manifest, spark, plan, source_config, result, log)
     with _stage(result, "replicate", log):
-        replicated = run_replication(manifest, spark, source_config, target_config, result.run_id, log, None, *registries)
+        replicated = run_replication(
+            manifest, spark, source_config, target_config, result.run_id, log, None, *registries, plan=plan
+        )
     result.rows_extracted = result.messages_produced = replicated.records
     result.bytes_produced = replicated.bytes
     result.notes.extend(replicated.notes)
