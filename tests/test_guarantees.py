@@ -9,10 +9,11 @@ from conftest import consume_all, create_topic, produce_json, unique_topic, writ
 
 from dpone_dagster.cli import main
 from dpone_dagster.engine.run import RunRequest, run_pipeline
-from dpone_dagster.errors import ConfigError
+from dpone_dagster.errors import ConfigError, RunFailed
 from dpone_dagster.kafka.config import check_producer_settings, effective_producer_settings
 from dpone_dagster.manifest import parse_manifest
 from dpone_dagster.replication.control_topic import read_committed_offsets
+from dpone_dagster.state.local import LocalStateStore
 
 
 def manifest_with(delivery: str, strategy: str = "{mode: incremental_append}", source: str = "topic: src") -> str:
@@ -152,3 +153,90 @@ def test_replication_copies_exactly_the_ranges_its_gates_checked(broker, spark, 
     second = run_pipeline(manifest, spark)
     assert second.messages_produced == 3 and second.gates[0]["observed"] == 3
     assert sorted(r["value"]["n"] for r in consume_all(bs, dst)) == [*range(5), 100, 101, 102]
+
+
+def test_replication_reconciles_against_the_committed_target(broker, spark, kafka_env, tmp_path):
+    bs = broker.bootstrap_servers
+    src, dst, control = unique_topic("rsrc"), unique_topic("rdst"), unique_topic("ctl")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    produce_json(bs, src, [{"n": i} for i in range(4)], partition=0)
+    text = replication_text(src, dst, control, tmp_path).replace(
+        "{type: min_rows, threshold: 1}", "{type: source_target_count, exclusive_target: true}"
+    )
+    manifest = parse_manifest(text)
+    # Another writer adds 2 records to the target while the replication runs: the committed target
+    # holds 6 records in the run's range, not the 4 the planned ranges hold.
+    with pytest.raises(RunFailed, match="reconciliation failed") as caught:
+        run_pipeline(manifest, spark, RunRequest(log=intruder(bs, dst, "replicate: started")))
+    [gate] = caught.value.result.gates
+    assert not gate["passed"] and "holds 6 record(s)" in gate["description"]
+
+    produce_json(bs, src, [{"n": 10 + i} for i in range(3)], partition=0)
+    clean = run_pipeline(manifest, spark)
+    [gate] = clean.gates
+    assert gate["passed"] and gate["observed"] == 0.0 and "holds 3 record(s)" in gate["description"]
+
+
+# --------------------------------------------------------------------------- ETL runs
+
+
+def etl_text(src: str, dst: str, tmp_path: Path, quality: str, source_options: str = "", strategy: str = "") -> str:
+    return f"""
+name: guarded
+source:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {src}
+  options: {{group_id: g_{src}{source_options}}}
+sink:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {dst}
+  strategy: {strategy or "{mode: incremental_merge, unique_key: order_id}"}
+state: {{type: local, path: {tmp_path}}}
+quality:
+  mode: fail
+  checks: {quality}
+"""
+
+
+@pytest.fixture
+def etl_topics(broker, kafka_env):
+    src, dst = unique_topic("gsrc"), unique_topic("gdst")
+    create_topic(broker.bootstrap_servers, src, 1)
+    create_topic(broker.bootstrap_servers, dst, 1)
+    return src, dst
+
+
+def intruder(bs: str, topic: str, stage: str = "quality_pre: started"):
+    """A log callback that has another producer write 2 records to `topic` while the run is at
+    `stage` (after the run read the target's end offsets, before it produces)."""
+    done: list[bool] = []
+
+    def log(message: str) -> None:
+        if message == stage and not done:
+            produce_json(bs, topic, [{"intruder": True}, {"intruder": True}], partition=0)
+            done.append(True)
+
+    return log
+
+
+def test_reconciliation_counts_what_the_target_holds(broker, spark, etl_topics, tmp_path):
+    bs = broker.bootstrap_servers
+    src, dst = etl_topics
+    produce_json(bs, src, [{"order_id": i} for i in range(10)], partition=0)
+    check = "[{type: source_target_count, exclusive_target: true}]"
+    manifest = parse_manifest(etl_text(src, dst, tmp_path, check))
+    # Every message is acknowledged, but the run's range of the target holds 2 records more.
+    with pytest.raises(RunFailed, match="reconciliation failed") as caught:
+        run_pipeline(manifest, spark, RunRequest(log=intruder(bs, dst)))
+    [gate] = caught.value.result.gates
+    assert gate["observed"] == 20.0 and "holds 12 record(s)" in gate["description"]
+    assert LocalStateStore(str(tmp_path)).load_offsets(src, f"g_{src}") == {}
+
+    rerun = run_pipeline(manifest, spark)
+    [gate] = rerun.gates
+    assert gate["passed"] and "holds 10 record(s)" in gate["description"]
+    assert "sink offsets advanced by 10 across 1 partition(s)" in gate["description"]
+    assert rerun.committed_offsets == {0: 10}

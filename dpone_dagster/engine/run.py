@@ -29,6 +29,7 @@ from dpone_dagster.kafka.config import check_producer_settings, producer_config
 from dpone_dagster.kafka.errors import classify_text
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.manifest.rules import REGISTRY_FORMATS
+from dpone_dagster.quality.target import end_offsets as target_end_offsets
 from dpone_dagster.sources.kafka import KafkaBatchSource, TimeWindow
 from dpone_dagster.spark import shape
 from dpone_dagster.spark.kafka_reader import JSON_OK
@@ -358,6 +359,9 @@ def _run(
 
     with _stage(result, "preflight", log):
         ensure_sink_topic(sink_config, manifest.sink.topic, manifest.sink.options.create_topic)
+        # Reconciliation reads the target: where its partitions end before this run writes.
+        reconciles = any(c.type == "source_target_count" for c in manifest.quality.checks)
+        target_before = target_end_offsets(sink_config, manifest.sink.topic) if reconciles else None
 
     persisted: DataFrame | None = None  # what to unpersist; `staged` is the view of it in use
     extracted = None
@@ -391,7 +395,7 @@ def _run(
         if result.rows_extracted - result.rows_dead_lettered - result.rows_skipped == 0:
             log("extract: no new records; nothing to produce")
         else:
-            _shape_and_load(manifest, staged, ctx, counts, extracted.raw, sink_config, result, log)
+            _shape_and_load(manifest, staged, ctx, counts, extracted.raw, sink_config, target_before, result, log)
     finally:
         if persisted is not None:
             release_batch(persisted)
@@ -423,12 +427,16 @@ def _run_replication(
     mapping = manifest.sink.options.replication.schema_mapping
     registries = (_registry_config(manifest.source), _registry_config(manifest.sink)) if mapping else (None, None)
     plan = None
+    target_before: dict[str, dict[int, int]] | None = None
     if manifest.quality.checks:
         with _stage(result, "quality_pre", log):
             # Gates read the planned ranges before any transaction begins; the replication copies
             # exactly these ranges (one plan from the gates to the commit).
             plan = plan_replication(manifest, source_config, target_config, log)
             _replication_gates(manifest, spark, plan, source_config, result, log)
+            if any(c.type == "source_target_count" for c in manifest.quality.checks):
+                target_before = _target_ends(target_config, plan.targets.values(), set(plan.target_partitions))
+    planned_rows = result.rows_extracted
     with _stage(result, "replicate", log):
         replicated = run_replication(
             manifest, spark, source_config, target_config, result.run_id, log, None, *registries, plan=plan
@@ -447,11 +455,52 @@ def _run_replication(
     offsets = replicated.committed_offsets
     if len(offsets) == 1:
         result.committed_offsets = dict(next(iter(offsets.values())))
+    if target_before is not None:
+        with _stage(result, "quality_post", log):
+            _replication_reconciliation(manifest, target_config, target_before, planned_rows, replicated.records, result)
     with _stage(result, "commit", log):
         # The offsets were committed with the records; only the run row is written here.
         result.status = "success"
         result.finished_at = utcnow().isoformat()
         store.finish_run_success(_record(record, result, "success"), None, None, None)
+
+
+def _target_ends(config: dict, topics: Any, existing: set[str]) -> dict[str, dict[int, int]]:
+    """Committed end offsets (read_committed) of each target topic; a topic the run will create
+    starts empty."""
+    from dpone_dagster.quality.target import end_offsets
+
+    return {t: end_offsets(config, t, transactional=True) if t in existing else {} for t in sorted(set(topics))}
+
+
+def _replication_reconciliation(
+    manifest: Manifest, config: dict, before: dict[str, dict[int, int]], planned_rows: int, copied: int, result: RunResult
+) -> None:
+    """source_target_count of a replication: the rows the gates read from the planned ranges
+    against what the target topics committed (read_committed). The records were committed with
+    their offsets, so a failure cannot hold the state back: it fails the run to raise the alarm."""
+    from dpone_dagster.quality.gates import failed_gates, run_post_publish
+    from dpone_dagster.quality.target import count_records, end_offsets, offset_advance
+
+    checks = manifest.quality.checks
+    exclusive = any(c.type == "source_target_count" and c.exclusive_target for c in checks)
+    advance: dict[Any, int] = {}
+    held = 0
+    for topic, start in before.items():
+        after = end_offsets(config, topic, transactional=True)
+        # Each committed transaction leaves a marker offset: the advance exceeds the records.
+        advance.update({(topic, p): n for p, n in offset_advance(start, after).items()})
+        if exclusive:
+            held += count_records(config, topic, start, after, transactional=True)
+    gates = run_post_publish(checks, manifest.quality.mode, planned_rows, planned_rows, copied, advance, held if exclusive else None)
+    result.gates.extend(g.as_dict() for g in gates)
+    blocking = failed_gates(gates)
+    if blocking:
+        raise RunFailed(
+            "reconciliation failed after the replication committed (records and source offsets are "
+            "committed together, so the next run starts after them; inspect the target): "
+            + "; ".join(f"{g.name}: {g.description}" for g in blocking)
+        )
 
 
 def _replication_gates(manifest: Manifest, spark: SparkSession, plan: Any, source_config: dict, result: RunResult, log: Log) -> None:
@@ -489,6 +538,7 @@ def _shape_and_load(
     counts: dict[str, Any],
     raw: DataFrame | None,
     sink_config: dict,
+    target_before: dict[int, int] | None,
     result: RunResult,
     log: Log,
 ) -> None:
@@ -496,13 +546,21 @@ def _shape_and_load(
     try:
         with _stage(result, "shape", log):
             messages, expected = _shape(manifest, staged, ctx, counts, raw, sink_config, result, release)
-        _load(manifest, messages, expected, sink_config, result, log)
+        _load(manifest, messages, expected, sink_config, target_before, result, log)
     finally:
         for frame in release:
             frame.unpersist()
 
 
-def _load(manifest: Manifest, messages: DataFrame, expected: int, sink_config: dict, result: RunResult, log: Log) -> None:
+def _load(
+    manifest: Manifest,
+    messages: DataFrame,
+    expected: int,
+    sink_config: dict,
+    before: dict[int, int] | None,
+    result: RunResult,
+    log: Log,
+) -> None:
     with _stage(result, "load", log):
         delivery = manifest.sink.options.delivery
         stats = produce(
@@ -527,7 +585,7 @@ def _load(manifest: Manifest, messages: DataFrame, expected: int, sink_config: d
                 + "; no state was advanced, a rerun re-produces the batch"
             )
     with _stage(result, "quality_post", log):
-        _post_publish_gates(manifest, stats, expected, result)
+        _post_publish_gates(manifest, stats, expected, sink_config, before, result)
 
 
 def _pre_publish_gates(manifest: Manifest, staged: DataFrame, incremental: bool, result: RunResult) -> None:
@@ -552,9 +610,14 @@ def _pre_publish_gates(manifest: Manifest, staged: DataFrame, incremental: bool,
         )
 
 
-def _post_publish_gates(manifest: Manifest, stats: Any, expected: int, result: RunResult) -> None:
-    """Reconciliation after delivery; in fail mode a mismatch stops the state from advancing."""
-    from dpone_dagster.quality.gates import failed_gates, partition_advance, run_post_publish
+def _post_publish_gates(
+    manifest: Manifest, stats: Any, expected: int, sink_config: dict, before: dict[int, int] | None, result: RunResult
+) -> None:
+    """Reconciliation after delivery, against what the target topic holds (its end offsets before
+    and after producing; with exclusive_target the records in between); in fail mode a mismatch
+    stops the state from advancing."""
+    from dpone_dagster.quality.gates import failed_gates, run_post_publish
+    from dpone_dagster.quality.target import count_records, end_offsets, offset_advance
 
     quality = manifest.quality
     if not any(c.type == "source_target_count" for c in quality.checks):
@@ -565,13 +628,18 @@ def _post_publish_gates(manifest: Manifest, stats: Any, expected: int, result: R
                 "no state was advanced"
             )
         return
+    topic = manifest.sink.topic
+    after = end_offsets(sink_config, topic)
+    exclusive = any(c.type == "source_target_count" and c.exclusive_target for c in quality.checks)
+    held = count_records(sink_config, topic, before or {}, after) if exclusive else None
     gates = run_post_publish(
         quality.checks,
         quality.mode,
         result.rows_extracted,
         expected,
         stats.delivered,
-        partition_advance(stats.partitions),
+        offset_advance(before or {}, after),
+        held,
     )
     result.gates.extend(g.as_dict() for g in gates)
     blocking = failed_gates(gates)

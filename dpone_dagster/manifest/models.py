@@ -316,6 +316,9 @@ class MinRowsCheck(_Check):
 class SourceTargetCountCheck(_Check):
     type: Literal["source_target_count"]
     tolerance_pct: float = Field(default=0.0, ge=0, le=100)
+    # The target topic is written by this pipeline alone: also count what the run's offset range
+    # of the target holds (a concurrent writer would be counted as this run's output).
+    exclusive_target: bool = False
 
 
 class NotNullCheck(_Check):

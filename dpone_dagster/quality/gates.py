@@ -35,12 +35,14 @@ Decisions:
 - source_target_count: observed = |expected_messages - delivered| / expected_messages * 100, where
   expected_messages is what the sink was supposed to receive (after dedupe / skipped deletes, as the
   engine computes it) and delivered the acknowledged messages (0 vs 0 is 0%; n vs 0 expected is 100%).
-  It also requires the sink partitions' offset advance (sum over partitions of max_offset - min_offset
-  + 1 from the delivery reports, or a high-watermark delta measured by the caller) to be >= delivered.
-  Not ==: with at-least-once and idempotent producers, retries (and other producers writing to the same
-  topic) can occupy extra offsets, but fewer offsets than acknowledged messages means the delivery
-  accounting is wrong. With `sink_partition_advance=None` that second rule is not evaluated (and the
-  description says so).
+  With `exclusive_target: true` (the target topic is written by this pipeline alone) the records the
+  run's offset range of the target actually holds (read from the target, read_committed where the sink
+  is transactional) are compared with expected_messages too, and the larger difference is observed.
+  It also requires the sink partitions' offset advance, read from the target (end offsets after minus
+  before the run, `quality.target`), to be >= delivered. Not ==: with at-least-once and idempotent
+  producers, retries (and other producers writing to the same topic) can occupy extra offsets, but fewer
+  offsets than acknowledged messages means messages did not reach the target. With
+  `sink_partition_advance=None` that second rule is not evaluated (and the description says so).
 """
 
 from __future__ import annotations
@@ -377,18 +379,26 @@ def run_post_publish(
     extracted: int,
     expected_messages: int,
     delivered: int,
-    sink_partition_advance: Mapping[int, int] | None = None,
+    sink_partition_advance: Mapping[Any, int] | None = None,
+    target_records: int | None = None,
 ) -> list[CheckResult]:
-    """Evaluate every source_target_count check once delivery reports are in (see the module notes)."""
+    """Evaluate every source_target_count check once delivery reports are in (see the module notes).
+
+    `sink_partition_advance` is the target's end offsets after minus before the run, read from the
+    target; `target_records` what the run's range of the target holds (exclusive_target checks)."""
     severity = severity_for(mode)
     checks = _models(checks)
     results = []
     for name, check in zip(check_names(checks), checks, strict=True):
         if not isinstance(check, SourceTargetCountCheck):
             continue
-        diff = abs(expected_messages - delivered)
+        held = target_records if check.exclusive_target else None
+        diff = max(abs(expected_messages - delivered), abs(expected_messages - held) if held is not None else 0)
         pct = 0.0 if diff == 0 else 100.0 if expected_messages == 0 else diff / expected_messages * 100
         count_ok = pct <= check.tolerance_pct + 1e-9
+        if check.exclusive_target and held is None:
+            raise ConfigError(f"quality check {name}: exclusive_target needs the count of the target's records")
+        held_text = f"; the target's range of this run holds {held} record(s)" if held is not None else ""
         if sink_partition_advance is None:
             advance_ok = True
             advance_text = "sink offset advance not measured"
@@ -410,8 +420,8 @@ def run_post_publish(
                 threshold=check.tolerance_pct,
                 description=(
                     f"{extracted} row(s) extracted; {expected_messages} message(s) expected on the sink, "
-                    f"{delivered} acknowledged: {round(pct, 4)}% difference (tolerance {check.tolerance_pct}%); "
-                    f"{advance_text}"
+                    f"{delivered} acknowledged{held_text}: {round(pct, 4)}% difference (tolerance "
+                    f"{check.tolerance_pct}%); {advance_text}"
                 ),
             )
         )
