@@ -240,3 +240,26 @@ def test_reconciliation_counts_what_the_target_holds(broker, spark, etl_topics, 
     assert gate["passed"] and "holds 10 record(s)" in gate["description"]
     assert "sink offsets advanced by 10 across 1 partition(s)" in gate["description"]
     assert rerun.committed_offsets == {0: 10}
+
+
+def test_unique_judges_the_rows_keep_last_publishes(broker, spark, etl_topics, tmp_path):
+    bs = broker.bootstrap_servers
+    src, dst = etl_topics
+    rows = [{"order_id": 1, "status": None}, {"order_id": 2, "status": "paid"}, {"order_id": 1, "status": "paid"}]
+    produce_json(bs, src, rows, partition=0)
+    checks = "[{type: unique, columns: [order_id]}, {type: not_null, columns: [status]}]"
+    result = run_pipeline(parse_manifest(etl_text(src, dst, tmp_path, checks)), spark)
+    assert [(g["name"], g["passed"]) for g in result.gates] == [("unique_order_id", True), ("not_null_status", True)]
+    assert sorted((r["value"]["order_id"], r["value"]["status"]) for r in consume_all(bs, dst)) == [(1, "paid"), (2, "paid")]
+
+
+def test_a_check_of_the_extracted_batch_says_so_and_sees_the_duplicates(broker, spark, etl_topics, tmp_path):
+    bs = broker.bootstrap_servers
+    src, dst = etl_topics
+    produce_json(bs, src, [{"order_id": 1}, {"order_id": 1}], partition=0)
+    checks = "[{type: unique, columns: [order_id], stage: extracted}]"
+    with pytest.raises(RunFailed, match="unique_order_id_extracted") as caught:
+        run_pipeline(parse_manifest(etl_text(src, dst, tmp_path, checks)), spark)
+    [gate] = caught.value.result.gates
+    assert gate["description"].startswith("before de-duplication: ") and gate["observed"] == 1
+    assert consume_all(bs, dst) == []

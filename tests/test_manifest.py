@@ -810,7 +810,7 @@ def test_several_rule_problems_are_reported_together() -> None:
                 }
             },
             "quality.checks.1.zzz",
-            "unknown field 'zzz'; allowed fields: columns, name, type",
+            "unknown field 'zzz'; allowed fields: columns, name, stage, type",
             id="quality-check-no-match",
         ),
         pytest.param(

@@ -390,12 +390,18 @@ def _run(
                 staged = staged.where(F.col(C.CORRUPT).isNull())
 
         with _stage(result, "quality_pre", log):
-            _pre_publish_gates(manifest, staged, planned.incremental, result)
+            # Checks of the extracted batch (min_rows, stage: extracted); the others judge the rows
+            # as they will be published, after the delete policy, bad records and de-duplication.
+            _pre_publish_gates(manifest, staged, planned.incremental, result, result.rows_extracted, "extracted")
 
         if result.rows_extracted - result.rows_dead_lettered - result.rows_skipped == 0:
+            with _stage(result, "quality_published", log):
+                _pre_publish_gates(manifest, staged, planned.incremental, result, 0, "published")
             log("extract: no new records; nothing to produce")
         else:
-            _shape_and_load(manifest, staged, ctx, counts, extracted.raw, sink_config, target_before, result, log)
+            _shape_and_load(
+                manifest, staged, ctx, counts, extracted.raw, sink_config, planned.incremental, target_before, result, log
+            )
     finally:
         if persisted is not None:
             release_batch(persisted)
@@ -522,7 +528,7 @@ def _replication_gates(manifest: Manifest, spark: SparkSession, plan: Any, sourc
     staged = staged.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         result.rows_extracted = staged.count()
-        _pre_publish_gates(manifest, staged, True, result)
+        _pre_publish_gates(manifest, staged, True, result, result.rows_extracted)
     finally:
         staged.unpersist()
 
@@ -538,6 +544,7 @@ def _shape_and_load(
     counts: dict[str, Any],
     raw: DataFrame | None,
     sink_config: dict,
+    incremental: bool,
     target_before: dict[int, int] | None,
     result: RunResult,
     log: Log,
@@ -545,7 +552,7 @@ def _shape_and_load(
     release: list[DataFrame] = []  # frames persisted while shaping, kept until the producer is done
     try:
         with _stage(result, "shape", log):
-            messages, expected = _shape(manifest, staged, ctx, counts, raw, sink_config, result, release)
+            messages, expected = _shape(manifest, staged, ctx, counts, raw, sink_config, incremental, result, release, log)
         _load(manifest, messages, expected, sink_config, target_before, result, log)
     finally:
         for frame in release:
@@ -588,18 +595,22 @@ def _load(
         _post_publish_gates(manifest, stats, expected, sink_config, before, result)
 
 
-def _pre_publish_gates(manifest: Manifest, staged: DataFrame, incremental: bool, result: RunResult) -> None:
-    """Gates on the staged batch, before anything is produced; fail mode stops the run here."""
+def _pre_publish_gates(
+    manifest: Manifest, frame: DataFrame, incremental: bool, result: RunResult, rows: int, stage: str | None = None
+) -> None:
+    """Gates of one stage (`extracted`: the decoded batch; `published`: the rows to publish; None:
+    every check) on `frame` of `rows` rows, before anything is produced; fail mode stops the run here."""
     from dpone_dagster.quality.gates import failed_gates, run_pre_publish
 
     quality = manifest.quality
     gates = run_pre_publish(
-        staged,
+        frame,
         quality.checks,
         quality.mode,
-        result.rows_extracted,
+        rows,
         incremental_empty=incremental and result.rows_extracted == 0,
         now=utcnow(),
+        stage=stage,
     )
     result.gates.extend(g.as_dict() for g in gates)
     blocking = failed_gates(gates)
@@ -663,12 +674,14 @@ def _shape(
     counts: dict[str, Any],
     raw: DataFrame | None,
     sink_config: dict,
+    incremental: bool,
     result: RunResult,
     release: list[DataFrame],
+    log: Log,
 ) -> tuple[DataFrame, int]:
-    """Apply key, delete policy, bad-key policy, duplicate policy and the size limit, with the
-    facts `_stage_batch` counted; returns (messages, expected message count). Nothing is produced
-    here; frames persisted on the way are appended to `release`."""
+    """Apply key, delete policy, bad-key policy, duplicate policy, the published-stage gates and
+    the size limit, with the facts `_stage_batch` counted; returns (messages, expected message
+    count). Nothing is produced here; frames persisted on the way are appended to `release`."""
     sink = manifest.sink
     options = sink.options
     deletes = int(counts["deletes"] or 0)
@@ -706,6 +719,8 @@ def _shape(
                 )
         elif policy in ("keep_last", "keep_first"):
             keyed, removed = _keep_one_per_key(manifest, keyed, policy, counts, release)
+    with _stage(result, "quality_published", log):
+        _pre_publish_gates(manifest, keyed, incremental, result, keyed_rows - removed, "published")
     if options.key.mode == "unique_key" and not shape.uses_dedupe(sink):
         keyed = shape.ordered_by_key(keyed)
     registry = _registry_plan(manifest, keyed, result)

@@ -308,6 +308,12 @@ class _Check(StrictModel):
     name: str | None = None
 
 
+# Which frame a row-level check judges: `published` (default) the rows as they will be published,
+# after the delete policy, bad records and de-duplication; `extracted` the decoded batch before
+# all of that (its default name ends in `_extracted`).
+CheckStage = Literal["published", "extracted"]
+
+
 class MinRowsCheck(_Check):
     type: Literal["min_rows"]
     threshold: int = Field(ge=0)
@@ -323,28 +329,33 @@ class SourceTargetCountCheck(_Check):
 
 class NotNullCheck(_Check):
     type: Literal["not_null"]
+    stage: CheckStage = "published"
     columns: list[str] = Field(min_length=1)
 
 
 class UniqueCheck(_Check):
     type: Literal["unique"]
+    stage: CheckStage = "published"
     columns: list[str] = Field(min_length=1)
 
 
 class AcceptedValuesCheck(_Check):
     type: Literal["accepted_values"]
+    stage: CheckStage = "published"
     column: str
     values: list[Any] = Field(min_length=1)
 
 
 class FreshnessCheck(_Check):
     type: Literal["freshness"]
+    stage: CheckStage = "published"
     column: str | None = None  # default: the Kafka record timestamp
     max_age_seconds: int = Field(gt=0)
 
 
 class GreatExpectationsCheck(_Check):
     type: Literal["great_expectations"]
+    stage: CheckStage = "published"
     expectation_type: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
 

@@ -25,8 +25,12 @@ Decisions:
 - not_null: observed = nulls summed over the check's columns (per-column counts in the description).
   unique: observed = number of key groups occurring more than once; rows with a null in any of the
   columns are excluded. accepted_values: observed = non-null rows whose value is outside the list
-  (nulls are never counted; use not_null for them). The check evaluates whatever DataFrame it is
-  given: to judge uniqueness of what is published (after keep_last/keep_first), pass the shaped batch.
+  (nulls are never counted; use not_null for them).
+- Order and frames. The engine evaluates min_rows and every `stage: extracted` check on the decoded
+  batch (before the delete policy, bad records and de-duplication; such checks' default names end in
+  `_extracted`), then every other row-level check on the rows as they will be published (after
+  keep_last/keep_first, skipped deletes and removed bad records), then publishes. So `unique` on the
+  unique key passes when duplicate_policy keep_last/keep_first makes the published rows unique.
 - freshness: observed = seconds between `now` and the newest non-null value of `column` (default the
   Kafka record timestamp `__dpone__source_timestamp`); passes when <= max_age_seconds. A column with
   no non-null value fails (freshness cannot be shown). timestamp_ntz / string / date columns are cast
@@ -48,6 +52,7 @@ Decisions:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -87,6 +92,12 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CHECK = TypeAdapter(Check)
 
 
+def check_stage(check: Any) -> str:
+    """The frame a pre-publish check judges: min_rows counts the extracted batch; row-level checks
+    say it in `stage` (default: the rows as published)."""
+    return "extracted" if isinstance(check, MinRowsCheck) else getattr(check, "stage", "published")
+
+
 def _col(name: str) -> Column:
     """A column by its exact name (dots and spaces are not struct paths here)."""
     return F.col("`" + name.replace("`", "``") + "`")
@@ -107,17 +118,25 @@ def run_pre_publish(
     rows: int,
     incremental_empty: bool,
     now: datetime,
+    stage: str | None = None,
 ) -> list[CheckResult]:
     """Evaluate every pre-publish check of `checks` on the staged batch `df` (see the module notes).
 
     `rows` is the batch's row count (the engine already has it); `now` the reference time of freshness
     (naive means UTC). Results are in manifest order; source_target_count is left to run_post_publish.
+    `stage` selects the checks of one frame: "extracted" (min_rows and `stage: extracted` checks, on
+    the decoded batch) or "published" (the other row-level checks, on the rows to publish); None
+    evaluates every pre-publish check on `df`.
     """
     severity = severity_for(mode)
     checks = _models(checks)
     names = check_names(checks)
     now = now if now.tzinfo else now.replace(tzinfo=UTC)
-    selected = [(name, c) for name, c in zip(names, checks, strict=True) if c.type in PRE_PUBLISH_TYPES]
+    selected = [
+        (name, c)
+        for name, c in zip(names, checks, strict=True)
+        if c.type in PRE_PUBLISH_TYPES and (stage is None or check_stage(c) == stage)
+    ]
     ctx = _Batch(df, severity)
     if rows > 0:
         _require_columns(ctx.df, selected)
@@ -148,7 +167,12 @@ def run_pre_publish(
                     ctx.content, check.expectation_type, check.kwargs, name=name, severity=severity
                 )
             )
-    return results
+    return [
+        replace(r, description=f"before de-duplication: {r.description}")
+        if check_stage(c) == "extracted" and not isinstance(c, MinRowsCheck)
+        else r
+        for r, (_, c) in zip(results, selected, strict=True)
+    ]
 
 
 class _Batch:
