@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import consume_all, create_topic, produce_json, unique_topic, write_manifest
+from conftest import consume_all, consume_raw, create_topic, produce_json, unique_topic, write_manifest
 
 from dpone_dagster.cli import main
 from dpone_dagster.engine.run import RunRequest, run_pipeline
@@ -263,3 +263,34 @@ def test_a_check_of_the_extracted_batch_says_so_and_sees_the_duplicates(broker, 
     [gate] = caught.value.result.gates
     assert gate["description"].startswith("before de-duplication: ") and gate["observed"] == 1
     assert consume_all(bs, dst) == []
+
+
+def dead_letters(bs: str, topic: str) -> list[tuple[str, str]]:
+    return sorted(
+        (dict(r["headers"])["dpone.error.source.offset"].decode(), r["value"].decode()) for r in consume_raw(bs, topic)
+    )
+
+
+def test_dead_letters_leave_with_the_output_once_per_source_record(broker, spark, etl_topics, tmp_path):
+    bs = broker.bootstrap_servers
+    src, dst = etl_topics
+    dlq = unique_topic("gdlq")
+    create_topic(bs, dlq, 1)
+    produce_json(bs, src, [{"order_id": 1}, b"{oops", {"order_id": 2}, b"[1,", {"order_id": 3}], partition=0)
+    options = f", on_error: dead_letter, dead_letter: {{topic: {dlq}}}"
+    gated = etl_text(src, dst, tmp_path, "[{type: min_rows, threshold: 100}]", options)
+    with pytest.raises(RunFailed, match="min_rows"):
+        run_pipeline(parse_manifest(gated), spark)
+    assert consume_raw(bs, dlq) == [] and consume_raw(bs, dst) == []  # a gate stops the dead letters too
+
+    # Letters and messages published, then the reconciliation fails: the state stays, a rerun repeats.
+    reconciled = etl_text(src, dst, tmp_path, "[{type: source_target_count, exclusive_target: true}]", options)
+    with pytest.raises(RunFailed, match="reconciliation failed"):
+        run_pipeline(parse_manifest(reconciled), spark, RunRequest(log=intruder(bs, dst)))
+    expected = [("1", "{oops"), ("3", "[1,")]
+    assert dead_letters(bs, dlq) == expected
+
+    result = run_pipeline(parse_manifest(reconciled), spark)
+    assert result.rows_dead_lettered == 2 and result.messages_produced == 3
+    assert dead_letters(bs, dlq) == expected  # each bad record once across the attempts
+    assert any("already in" in note for note in result.notes)

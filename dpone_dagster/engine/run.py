@@ -20,7 +20,7 @@ from pyspark.sql.types import StructType
 
 from dpone_dagster import columns as C
 from dpone_dagster.connections import redact_known_secrets, resolve_kafka, resolve_postgres
-from dpone_dagster.engine.bad_records import handle_bad_records
+from dpone_dagster.engine.bad_records import DeadLetters, handle_bad_records
 from dpone_dagster.engine.offsets import OffsetStorage
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.errors import ConfigError, DponeError, RunFailed
@@ -365,6 +365,7 @@ def _run(
 
     persisted: DataFrame | None = None  # what to unpersist; `staged` is the view of it in use
     extracted = None
+    letters: DeadLetters | None = None
     try:
         with _stage(result, "extract", log):
             extracted = planned.source.extract(spark, planned.boundary, log)
@@ -378,6 +379,7 @@ def _run(
             staged = staged.drop(C.UNKNOWN_KEYS, C.UNKNOWN_TEXT)
             result.notes.extend(extracted.notes)
             result.rows_extracted = int(counts["rows"])
+            letters = DeadLetters(manifest, extracted.raw, sink_config)
             corrupt = int(counts["corrupt"])
             if corrupt:
                 bad = staged.where(F.col(C.CORRUPT).isNotNull()).select(
@@ -386,7 +388,7 @@ def _run(
                     _corrupt_reason().alias("reason"),
                 )
                 what = f"record(s) of {planned.label} could not be decoded"
-                handle_bad_records(manifest, bad, corrupt, extracted.raw, sink_config, result, what)
+                handle_bad_records(manifest, bad, corrupt, letters, result, what)
                 staged = staged.where(F.col(C.CORRUPT).isNull())
 
         with _stage(result, "quality_pre", log):
@@ -397,11 +399,10 @@ def _run(
         if result.rows_extracted - result.rows_dead_lettered - result.rows_skipped == 0:
             with _stage(result, "quality_published", log):
                 _pre_publish_gates(manifest, staged, planned.incremental, result, 0, "published")
+            _publish_dead_letters(letters, result, log)
             log("extract: no new records; nothing to produce")
         else:
-            _shape_and_load(
-                manifest, staged, ctx, counts, extracted.raw, sink_config, planned.incremental, target_before, result, log
-            )
+            _shape_and_load(manifest, staged, ctx, counts, letters, sink_config, planned.incremental, target_before, result, log)
     finally:
         if persisted is not None:
             release_batch(persisted)
@@ -542,7 +543,7 @@ def _shape_and_load(
     staged: DataFrame,
     ctx: shape.ShapeContext,
     counts: dict[str, Any],
-    raw: DataFrame | None,
+    letters: DeadLetters,
     sink_config: dict,
     incremental: bool,
     target_before: dict[int, int] | None,
@@ -552,7 +553,9 @@ def _shape_and_load(
     release: list[DataFrame] = []  # frames persisted while shaping, kept until the producer is done
     try:
         with _stage(result, "shape", log):
-            messages, expected = _shape(manifest, staged, ctx, counts, raw, sink_config, incremental, result, release, log)
+            messages, expected = _shape(manifest, staged, ctx, counts, letters, sink_config, incremental, result, release, log)
+        # Every gate has passed: the run's output leaves the process, dead letters first.
+        _publish_dead_letters(letters, result, log)
         _load(manifest, messages, expected, sink_config, target_before, result, log)
     finally:
         for frame in release:
@@ -593,6 +596,13 @@ def _load(
             )
     with _stage(result, "quality_post", log):
         _post_publish_gates(manifest, stats, expected, sink_config, before, result)
+
+
+def _publish_dead_letters(letters: DeadLetters | None, result: RunResult, log: Log) -> None:
+    if letters is None or not letters.count:
+        return
+    with _stage(result, "dead_letters", log):
+        letters.publish(result)
 
 
 def _pre_publish_gates(
@@ -672,7 +682,7 @@ def _shape(
     staged: DataFrame,
     ctx: shape.ShapeContext,
     counts: dict[str, Any],
-    raw: DataFrame | None,
+    letters: DeadLetters,
     sink_config: dict,
     incremental: bool,
     result: RunResult,
@@ -704,7 +714,7 @@ def _shape(
             F.col(C.SOURCE_OFFSET).alias("offset"),
             F.lit(f"missing unique key {list(sink.strategy.unique_key_columns)}").alias("reason"),
         )
-        handle_bad_records(manifest, bad, keyless, raw, sink_config, result, "record(s) have no unique key")
+        handle_bad_records(manifest, bad, keyless, letters, result, "record(s) have no unique key")
         keyed = keyed.where(~((F.col(C.OP) == C.UPSERT) & F.col(shape.KEY).isNull()))
     keyed_rows = result.rows_extracted - result.deletes_skipped - result.rows_dead_lettered - result.rows_skipped
     removed = 0  # rows de-duplication drops
@@ -732,7 +742,7 @@ def _shape(
     bound = counts["size_bound"]
     if bound is not None and bound <= limit:
         return messages, expected  # no message can be over the limit: the producer tasks encode
-    return _measured_messages(manifest, messages, limit, expected, raw, sink_config, result, release)
+    return _measured_messages(manifest, messages, limit, expected, letters, result, release)
 
 
 # Duplicated keys up to this many are resolved with a broadcast of (key, winning order); more
@@ -762,8 +772,7 @@ def _measured_messages(
     messages: DataFrame,
     limit: int,
     expected: int,
-    raw: DataFrame | None,
-    sink_config: dict,
+    letters: DeadLetters,
     result: RunResult,
     release: list[DataFrame],
 ) -> tuple[DataFrame, int]:
@@ -781,7 +790,7 @@ def _measured_messages(
         F.col(C.SOURCE_OFFSET).alias("offset"),
         F.concat(F.lit("message of "), F.col("__size").cast("string"), F.lit(f" bytes exceeds message.max.bytes {limit}")).alias("reason"),
     )
-    handle_bad_records(manifest, bad, too_large, raw, sink_config, result, f"message(s) exceed message.max.bytes {limit}")
+    handle_bad_records(manifest, bad, too_large, letters, result, f"message(s) exceed message.max.bytes {limit}")
     return sized.where(F.col("__size") <= limit).drop("__size"), expected - too_large
 
 
