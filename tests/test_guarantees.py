@@ -294,3 +294,14 @@ def test_dead_letters_leave_with_the_output_once_per_source_record(broker, spark
     assert result.rows_dead_lettered == 2 and result.messages_produced == 3
     assert dead_letters(bs, dlq) == expected  # each bad record once across the attempts
     assert any("already in" in note for note in result.notes)
+
+
+# --------------------------------------------------------------------------- snapshot_reconciliation
+
+
+@pytest.mark.parametrize("allow", ["", ", allow_snapshot_reconciliation: true"])
+def test_snapshot_reconciliation_is_refused(tmp_path, capsys, allow):
+    strategy = f"{{mode: snapshot_reconciliation, unique_key: order_id{allow}}}"
+    code, output = validate(tmp_path, manifest_with("{mode: at_least_once}", strategy), capsys)
+    assert code == 2
+    assert "sink.strategy.mode: snapshot_reconciliation is not available for Kafka sinks" in output

@@ -177,7 +177,8 @@ class Strategy(StrictModel):
     unique_key: str | list[str] | None = None
     merge_policy: Literal["event_upsert"] = "event_upsert"
     duplicate_policy: Literal["fail", "keep_last", "keep_first", "allow"] = "keep_last"
-    # snapshot_reconciliation has no safe finalization on a topic; refused unless set.
+    # Accepted for manifests written for other sinks; snapshot_reconciliation is refused for Kafka
+    # sinks either way (no target key set to emit deletes from).
     allow_snapshot_reconciliation: bool = False
 
     @property

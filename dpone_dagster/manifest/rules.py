@@ -60,13 +60,17 @@ def _strategy_rules(m: Manifest) -> list[Problem]:
                 "use incremental_merge with merge_policy: event_upsert",
             )
         )
-    if strategy.mode == "snapshot_reconciliation" and not strategy.allow_snapshot_reconciliation:
+    if strategy.mode == "snapshot_reconciliation":
+        # Its promise is a delete for every key that left the snapshot; a topic has no key set to
+        # compare with, so the engine would publish the snapshot and silently keep the gone keys.
         out.append(
             Problem(
                 "sink.strategy.mode",
-                "snapshot_reconciliation is not recommended for Kafka sinks (a topic has no safe native "
-                "finalization path); use incremental_merge with deletes, or set "
-                "sink.strategy.allow_snapshot_reconciliation: true to accept it explicitly",
+                "snapshot_reconciliation is not available for Kafka sinks: a topic has no target key set to "
+                "reconcile with, so keys that left the snapshot would get no delete"
+                + (" (allow_snapshot_reconciliation does not change that)" if strategy.allow_snapshot_reconciliation else "")
+                + "; use incremental_merge with deletes.enabled and deletes.tombstone: true, fed by a source "
+                "that reports deletes (e.g. cdc)",
             )
         )
     if strategy.mode == "incremental_merge" and not strategy.unique_key_columns:
