@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -305,3 +306,36 @@ def test_snapshot_reconciliation_is_refused(tmp_path, capsys, allow):
     code, output = validate(tmp_path, manifest_with("{mode: at_least_once}", strategy), capsys)
     assert code == 2
     assert "sink.strategy.mode: snapshot_reconciliation is not available for Kafka sinks" in output
+
+
+# --------------------------------------------------------------------------- envelope: auto
+
+
+def test_auto_envelope_is_decided_per_record(spark):
+    from pyspark.sql.types import StructType
+
+    from dpone_dagster import columns as C
+    from dpone_dagster.spark.decode import decode_json, is_envelope_value
+    from dpone_dagster.spark.kafka_reader import RAW_SCHEMA
+
+    values = [
+        {"order_id": 1, "status": "new"},
+        {"order_id": 2, "status": "new"},
+        {"op": "upsert", "data": {"order_id": 3, "status": "paid"}},
+        {"op": "delete", "data": {"order_id": 1}},
+        {"order_id": 4, "status": "new"},
+    ]
+    raw = spark.createDataFrame(
+        [("t", 0, i, 0, None, json.dumps(v).encode(), None) for i, v in enumerate(values)], RAW_SCHEMA
+    )
+    schema = StructType.fromDDL("order_id bigint, status string")
+    rows = decode_json(raw, schema, "auto").orderBy(C.SOURCE_OFFSET).collect()
+    assert [(r["order_id"], r["status"], r[C.OP], r[C.CORRUPT]) for r in rows] == [
+        (1, "new", C.UPSERT, None),
+        (2, "new", C.UPSERT, None),
+        (3, "paid", C.UPSERT, None),
+        (1, None, C.DELETE, None),
+        (4, "new", C.UPSERT, None),
+    ]
+    assert [is_envelope_value(v) for v in values] == [False, False, True, True, False]
+    assert not is_envelope_value({"op": "x"}) and not is_envelope_value([1])
