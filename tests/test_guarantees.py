@@ -339,3 +339,37 @@ def test_auto_envelope_is_decided_per_record(spark):
     ]
     assert [is_envelope_value(v) for v in values] == [False, False, True, True, False]
     assert not is_envelope_value({"op": "x"}) and not is_envelope_value([1])
+
+
+# --------------------------------------------------------------------------- check selection
+
+
+def test_a_run_evaluates_only_the_selected_checks(broker, spark, etl_topics, tmp_path):
+    bs = broker.bootstrap_servers
+    src, dst = etl_topics
+    produce_json(bs, src, [{"order_id": 1, "status": None}, {"order_id": 2, "status": "paid"}], partition=0)
+    checks = "[{type: min_rows, threshold: 100}, {type: not_null, columns: [order_id]}, {type: not_null, columns: [status]}]"
+    manifest = parse_manifest(etl_text(src, dst, tmp_path, checks))
+    result = run_pipeline(manifest, spark, RunRequest(checks=frozenset({"not_null_order_id"})))
+    assert [(g["name"], g["passed"]) for g in result.gates] == [("not_null_order_id", True)]
+    assert sorted(r["value"]["order_id"] for r in consume_all(bs, dst)) == [1, 2]
+    with pytest.raises(ConfigError, match="not_null_amount"):
+        run_pipeline(manifest, spark, RunRequest(checks=frozenset({"not_null_amount"})))
+
+
+def test_checks_alone_judge_the_pending_batch_and_publish_nothing(broker, spark, etl_topics, tmp_path):
+    bs = broker.bootstrap_servers
+    src, dst = etl_topics
+    dlq = unique_topic("cdlq")
+    create_topic(bs, dlq, 1)
+    produce_json(bs, src, [{"order_id": 1}, b"{oops", {"order_id": 1}, {"order_id": 2}], partition=0)
+    options = f", on_error: dead_letter, dead_letter: {{topic: {dlq}}}"
+    checks = "[{type: unique, columns: [order_id]}, {type: unique, columns: [order_id], stage: extracted}]"
+    manifest = parse_manifest(etl_text(src, dst, tmp_path, checks, options))
+    alone = run_pipeline(manifest, spark, RunRequest(checks=frozenset({"unique_order_id"}), publish=False))
+    assert [(g["name"], g["passed"]) for g in alone.gates] == [("unique_order_id", True)]
+    assert consume_raw(bs, dst) == [] and consume_raw(bs, dlq) == []
+    assert LocalStateStore(str(tmp_path)).load_offsets(src, f"g_{src}") == {}
+
+    full = run_pipeline(manifest, spark, RunRequest(checks=frozenset({"unique_order_id"})))
+    assert full.messages_produced == 2 and full.committed_offsets == {0: 4}

@@ -29,6 +29,7 @@ from dpone_dagster.kafka.config import check_producer_settings, producer_config
 from dpone_dagster.kafka.errors import classify_text
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.manifest.rules import REGISTRY_FORMATS
+from dpone_dagster.quality.selection import select_checks
 from dpone_dagster.quality.target import end_offsets as target_end_offsets
 from dpone_dagster.sources.kafka import KafkaBatchSource, TimeWindow
 from dpone_dagster.spark import shape
@@ -55,10 +56,16 @@ class RunRequest:
     # Resolves a manifest block's connection to librdkafka settings (the Dagster Kafka resource
     # passes its own); defaults to the connections module.
     kafka_config: Callable[[Any], dict[str, Any]] | None = None
+    # The quality checks to evaluate, by name (None: every check); the others are not evaluated.
+    checks: frozenset[str] | None = None
+    # False: judge the batch a run would publish now with the selected pre-publish checks and stop
+    # there; nothing is produced (dead letters neither) and no offsets or watermarks move.
+    publish: bool = True
 
 
 def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | None = None) -> RunResult:
     request = request or RunRequest()
+    manifest = select_checks(manifest, request.checks)
     run_id = request.run_id or uuid.uuid4().hex
     result = RunResult(run_id=run_id, pipeline=manifest.name)
     _refuse_unsupported(manifest)
@@ -399,15 +406,21 @@ def _run(
         if result.rows_extracted - result.rows_dead_lettered - result.rows_skipped == 0:
             with _stage(result, "quality_published", log):
                 _pre_publish_gates(manifest, staged, planned.incremental, result, 0, "published")
-            _publish_dead_letters(letters, result, log)
+            if request.publish:
+                _publish_dead_letters(letters, result, log)
             log("extract: no new records; nothing to produce")
         else:
-            _shape_and_load(manifest, staged, ctx, counts, letters, sink_config, planned.incremental, target_before, result, log)
+            _shape_and_load(
+                manifest, staged, ctx, counts, letters, sink_config, planned.incremental, target_before, request.publish, result, log
+            )
     finally:
         if persisted is not None:
             release_batch(persisted)
         if extracted is not None and extracted.raw is not None:
             extracted.raw.unpersist()  # registry formats keep the raw batch (schema ids, dead letters)
+    if not request.publish:
+        _finish_checks_only(store, record, result, log)
+        return
 
     with _stage(result, "commit", log):
         result.status = "success"
@@ -441,8 +454,11 @@ def _run_replication(
             # exactly these ranges (one plan from the gates to the commit).
             plan = plan_replication(manifest, source_config, target_config, log)
             _replication_gates(manifest, spark, plan, source_config, result, log)
-            if any(c.type == "source_target_count" for c in manifest.quality.checks):
-                target_before = _target_ends(target_config, plan.targets.values(), set(plan.target_partitions))
+    if not request.publish:
+        _finish_checks_only(store, record, result, log)
+        return
+    if plan is not None and any(c.type == "source_target_count" for c in manifest.quality.checks):
+        target_before = _target_ends(target_config, plan.targets.values(), set(plan.target_partitions))
     planned_rows = result.rows_extracted
     with _stage(result, "replicate", log):
         replicated = run_replication(
@@ -547,6 +563,7 @@ def _shape_and_load(
     sink_config: dict,
     incremental: bool,
     target_before: dict[int, int] | None,
+    publish: bool,
     result: RunResult,
     log: Log,
 ) -> None:
@@ -554,6 +571,8 @@ def _shape_and_load(
     try:
         with _stage(result, "shape", log):
             messages, expected = _shape(manifest, staged, ctx, counts, letters, sink_config, incremental, result, release, log)
+        if not publish:
+            return
         # Every gate has passed: the run's output leaves the process, dead letters first.
         _publish_dead_letters(letters, result, log)
         _load(manifest, messages, expected, sink_config, target_before, result, log)
@@ -596,6 +615,15 @@ def _load(
             )
     with _stage(result, "quality_post", log):
         _post_publish_gates(manifest, stats, expected, sink_config, before, result)
+
+
+def _finish_checks_only(store: StateStore, record: RunRecord, result: RunResult, log: Log) -> None:
+    """End a run that only judged its batch: the run row is written, no offsets or watermark."""
+    result.status = "success"
+    result.finished_at = utcnow().isoformat()
+    result.notes.append("checks only: the batch was judged; nothing was produced and no offsets moved")
+    store.finish_run_success(_record(record, result, "success"), None, None, None)
+    log("commit: checks only, offsets unchanged")
 
 
 def _publish_dead_letters(letters: DeadLetters | None, result: RunResult, log: Log) -> None:
