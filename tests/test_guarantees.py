@@ -50,6 +50,11 @@ def validate(tmp_path: Path, text: str, capsys) -> tuple[int, str]:
         ("{mode: idempotent, acks: 1}", "sink.options.delivery.acks"),
         ("{mode: at_least_once, producer_config: {acks: 1}}", "sink.options.delivery.producer_config.acks"),
         (
+            "{mode: at_least_once, acks: all, producer_config: {acks: 1}}",
+            "sink.options.delivery.producer_config.acks",
+        ),
+        ("{mode: at_least_once, acks: 0, producer_config: {acks: all}}", "sink.options.delivery.acks"),
+        (
             "{mode: at_least_once, producer_config: {request.required.acks: '0'}}",
             "sink.options.delivery.producer_config.request.required.acks",
         ),

@@ -42,11 +42,19 @@ def _delivery_rules(m: Manifest) -> list[Problem]:
     from dpone_dagster.kafka.config import delivery_contradictions, producer_config, setting_origin
 
     delivery = m.sink.options.delivery
-    settings = producer_config({}, delivery)
-    if delivery.acks is not None:
-        settings["acks"] = delivery.acks  # the idempotent modes override it: declaring it is still wrong
-    problems = delivery_contradictions(delivery.mode, settings)
-    return [Problem(setting_origin(m, key), f"{why} (sink.options.delivery.mode: {delivery.mode})") for key, why in problems]
+    mode = f"(sink.options.delivery.mode: {delivery.mode})"
+    out = [
+        Problem(setting_origin(m, key), f"{why} {mode}")
+        for key, why in delivery_contradictions(delivery.mode, producer_config({}, delivery))
+    ]
+    # The typed acks on its own: producer_config or the idempotent modes may override it, but
+    # declaring it against the mode is still wrong.
+    if delivery.acks is not None and "sink.options.delivery.acks" not in {p.path for p in out}:
+        out += [
+            Problem("sink.options.delivery.acks", f"{why} {mode}")
+            for _, why in delivery_contradictions(delivery.mode, {"acks": delivery.acks})
+        ]
+    return out
 
 
 def _strategy_rules(m: Manifest) -> list[Problem]:
