@@ -401,9 +401,9 @@ RULE_CASES: list[Any] = [
         kafka_base(),
         {"sink": {"strategy": {"mode": "snapshot_reconciliation"}}},
         "sink.strategy.mode",
-        "snapshot_reconciliation is not recommended for Kafka sinks (a topic has no safe native "
-        "finalization path); use incremental_merge with deletes, or set "
-        "sink.strategy.allow_snapshot_reconciliation: true to accept it explicitly",
+        "snapshot_reconciliation is not available for Kafka sinks: a topic has no target key set to "
+        "reconcile with, so keys that left the snapshot would get no delete; use incremental_merge with "
+        "deletes.enabled and deletes.tombstone: true, fed by a source that reports deletes (e.g. cdc)",
         id="snapshot_reconciliation",
     ),
     pytest.param(
@@ -626,19 +626,19 @@ def test_rule_error_names_the_manifest_file(tmp_path: Path) -> None:
     )
 
 
-def test_snapshot_reconciliation_accepted_when_allowed_explicitly() -> None:
-    m = validate(
-        merged(
-            kafka_base(),
-            {
-                "sink": {
-                    "strategy": {"mode": "snapshot_reconciliation", "allow_snapshot_reconciliation": True}
-                }
-            },
-        )
+def test_snapshot_reconciliation_refused_even_when_allowed_explicitly() -> None:
+    # A topic has no key set to emit deletes from: the opt-in cannot make the promise hold.
+    data = merged(
+        kafka_base(),
+        {"sink": {"strategy": {"mode": "snapshot_reconciliation", "allow_snapshot_reconciliation": True}}},
     )
-    assert m.sink.strategy.mode == "snapshot_reconciliation"
-    assert m.sink.strategy.allow_snapshot_reconciliation is True
+    assert_single_problem(
+        data,
+        "sink.strategy.mode",
+        "snapshot_reconciliation is not available for Kafka sinks: a topic has no target key set to reconcile "
+        "with, so keys that left the snapshot would get no delete (allow_snapshot_reconciliation does not "
+        "change that)",
+    )
 
 
 @pytest.mark.parametrize(
@@ -810,7 +810,7 @@ def test_several_rule_problems_are_reported_together() -> None:
                 }
             },
             "quality.checks.1.zzz",
-            "unknown field 'zzz'; allowed fields: columns, name, type",
+            "unknown field 'zzz'; allowed fields: columns, name, stage, type",
             id="quality-check-no-match",
         ),
         pytest.param(

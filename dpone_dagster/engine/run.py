@@ -21,17 +21,19 @@ from pyspark.sql.types import StructType
 from dpone_dagster import columns as C
 from dpone_dagster.connections import redact_known_secrets, resolve_kafka, resolve_postgres
 from dpone_dagster.engine import time_windows
-from dpone_dagster.engine.bad_records import handle_bad_records
+from dpone_dagster.engine.bad_records import DeadLetters, handle_bad_records
 from dpone_dagster.engine.locks import RunLock, run_locks
 from dpone_dagster.engine.offsets import OffsetStorage
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.errors import ConfigError, DataRefused, DponeError, RunFailed
 from dpone_dagster.kafka.admin import ensure_sink_topic
-from dpone_dagster.kafka.config import producer_config
+from dpone_dagster.kafka.config import check_producer_settings, producer_config
 from dpone_dagster.kafka.errors import classify_text
 from dpone_dagster.kafka.windows import record_of
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.manifest.rules import REGISTRY_FORMATS
+from dpone_dagster.quality.selection import select_checks
+from dpone_dagster.quality.target import end_offsets as target_end_offsets
 from dpone_dagster.sources.kafka import KafkaBatchSource, TimeWindow
 from dpone_dagster.spark import shape
 from dpone_dagster.spark.kafka_reader import JSON_OK
@@ -57,10 +59,16 @@ class RunRequest:
     # Resolves a manifest block's connection to librdkafka settings (the Dagster Kafka resource
     # passes its own); defaults to the connections module.
     kafka_config: Callable[[Any], dict[str, Any]] | None = None
+    # The quality checks to evaluate, by name (None: every check); the others are not evaluated.
+    checks: frozenset[str] | None = None
+    # False: judge the batch a run would publish now with the selected pre-publish checks and stop
+    # there; nothing is produced (dead letters neither) and no offsets or watermarks move.
+    publish: bool = True
 
 
 def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | None = None) -> RunResult:
     request = request or RunRequest()
+    manifest = select_checks(manifest, request.checks)
     run_id = request.run_id or uuid.uuid4().hex
     result = RunResult(run_id=run_id, pipeline=manifest.name)
     _refuse_unsupported(manifest)
@@ -387,6 +395,7 @@ def _run(
     log = request.log
     kafka_config = request.kafka_config or (lambda ref: resolve_kafka(ref).client_config())
     sink_config = kafka_config(manifest.sink)
+    check_producer_settings(manifest, sink_config)  # the connection's and resource's overrides too
     if manifest.sink.options.delivery.mode == "exactly_once":
         _run_replication(manifest, spark, request, store, record, result, kafka_config)
         return
@@ -402,9 +411,13 @@ def _run(
 
     with _stage(result, "preflight", log):
         ensure_sink_topic(sink_config, manifest.sink.topic, manifest.sink.options.create_topic)
+        # Reconciliation reads the target: where its partitions end before this run writes.
+        reconciles = any(c.type == "source_target_count" for c in manifest.quality.checks)
+        target_before = target_end_offsets(sink_config, manifest.sink.topic) if reconciles else None
 
     persisted: DataFrame | None = None  # what to unpersist; `staged` is the view of it in use
     extracted = None
+    letters: DeadLetters | None = None
     try:
         with _stage(result, "extract", log):
             extracted = planned.source.extract(spark, planned.boundary, log)
@@ -418,6 +431,7 @@ def _run(
             staged = staged.drop(C.UNKNOWN_KEYS, C.UNKNOWN_TEXT)
             result.notes.extend(extracted.notes)
             result.rows_extracted = int(counts["rows"])
+            letters = DeadLetters(manifest, extracted.raw, sink_config)
             corrupt = int(counts["corrupt"])
             if corrupt:
                 bad = staged.where(F.col(C.CORRUPT).isNotNull()).select(
@@ -426,21 +440,32 @@ def _run(
                     _corrupt_reason().alias("reason"),
                 )
                 what = f"record(s) of {planned.label} could not be decoded"
-                handle_bad_records(manifest, bad, corrupt, extracted.raw, sink_config, result, what)
+                handle_bad_records(manifest, bad, corrupt, letters, result, what)
                 staged = staged.where(F.col(C.CORRUPT).isNull())
 
         with _stage(result, "quality_pre", log):
-            _pre_publish_gates(manifest, staged, planned.incremental, result)
+            # Checks of the extracted batch (min_rows, stage: extracted); the others judge the rows
+            # as they will be published, after the delete policy, bad records and de-duplication.
+            _pre_publish_gates(manifest, staged, planned.incremental, result, result.rows_extracted, "extracted")
 
         if result.rows_extracted - result.rows_dead_lettered - result.rows_skipped == 0:
+            with _stage(result, "quality_published", log):
+                _pre_publish_gates(manifest, staged, planned.incremental, result, 0, "published")
+            if request.publish:
+                _publish_dead_letters(letters, result, log)
             log("extract: no new records; nothing to produce")
         else:
-            _shape_and_load(manifest, staged, ctx, counts, extracted.raw, sink_config, result, log)
+            _shape_and_load(
+                manifest, staged, ctx, counts, letters, sink_config, planned.incremental, target_before, request.publish, result, log
+            )
     finally:
         if persisted is not None:
             release_batch(persisted)
         if extracted is not None and extracted.raw is not None:
             extracted.raw.unpersist()  # registry formats keep the raw batch (schema ids, dead letters)
+    if not request.publish:
+        _finish_checks_only(store, record, result, log)
+        return
 
     with _stage(result, "commit", log):
         result.status = "success"
@@ -466,13 +491,24 @@ def _run_replication(
     source_config, target_config = kafka_config(manifest.source), kafka_config(manifest.sink)
     mapping = manifest.sink.options.replication.schema_mapping
     registries = (_registry_config(manifest.source), _registry_config(manifest.sink)) if mapping else (None, None)
+    plan = None
+    target_before: dict[str, dict[int, int]] | None = None
     if manifest.quality.checks:
         with _stage(result, "quality_pre", log):
-            # Gates read the planned ranges before any transaction begins.
+            # Gates read the planned ranges before any transaction begins; the replication copies
+            # exactly these ranges (one plan from the gates to the commit).
             plan = plan_replication(manifest, source_config, target_config, log)
             _replication_gates(manifest, spark, plan, source_config, result, log)
+    if not request.publish:
+        _finish_checks_only(store, record, result, log)
+        return
+    if plan is not None and any(c.type == "source_target_count" for c in manifest.quality.checks):
+        target_before = _target_ends(target_config, plan.targets.values(), set(plan.target_partitions))
+    planned_rows = result.rows_extracted
     with _stage(result, "replicate", log):
-        replicated = run_replication(manifest, spark, source_config, target_config, result.run_id, log, None, *registries)
+        replicated = run_replication(
+            manifest, spark, source_config, target_config, result.run_id, log, None, *registries, plan=plan
+        )
     result.rows_extracted = result.messages_produced = replicated.records
     result.bytes_produced = replicated.bytes
     result.notes.extend(replicated.notes)
@@ -487,11 +523,52 @@ def _run_replication(
     offsets = replicated.committed_offsets
     if len(offsets) == 1:
         result.committed_offsets = dict(next(iter(offsets.values())))
+    if target_before is not None:
+        with _stage(result, "quality_post", log):
+            _replication_reconciliation(manifest, target_config, target_before, planned_rows, replicated.records, result)
     with _stage(result, "commit", log):
         # The offsets were committed with the records; only the run row is written here.
         result.status = "success"
         result.finished_at = utcnow().isoformat()
         store.finish_run_success(_record(record, result, "success"), None, None, None)
+
+
+def _target_ends(config: dict, topics: Any, existing: set[str]) -> dict[str, dict[int, int]]:
+    """Committed end offsets (read_committed) of each target topic; a topic the run will create
+    starts empty."""
+    from dpone_dagster.quality.target import end_offsets
+
+    return {t: end_offsets(config, t, transactional=True) if t in existing else {} for t in sorted(set(topics))}
+
+
+def _replication_reconciliation(
+    manifest: Manifest, config: dict, before: dict[str, dict[int, int]], planned_rows: int, copied: int, result: RunResult
+) -> None:
+    """source_target_count of a replication: the rows the gates read from the planned ranges
+    against what the target topics committed (read_committed). The records were committed with
+    their offsets, so a failure cannot hold the state back: it fails the run to raise the alarm."""
+    from dpone_dagster.quality.gates import failed_gates, run_post_publish
+    from dpone_dagster.quality.target import count_records, end_offsets, offset_advance
+
+    checks = manifest.quality.checks
+    exclusive = any(c.type == "source_target_count" and c.exclusive_target for c in checks)
+    advance: dict[Any, int] = {}
+    held = 0
+    for topic, start in before.items():
+        after = end_offsets(config, topic, transactional=True)
+        # Each committed transaction leaves a marker offset: the advance exceeds the records.
+        advance.update({(topic, p): n for p, n in offset_advance(start, after).items()})
+        if exclusive:
+            held += count_records(config, topic, start, after, transactional=True)
+    gates = run_post_publish(checks, manifest.quality.mode, planned_rows, planned_rows, copied, advance, held if exclusive else None)
+    result.gates.extend(g.as_dict() for g in gates)
+    blocking = failed_gates(gates)
+    if blocking:
+        raise RunFailed(
+            "reconciliation failed after the replication committed (records and source offsets are "
+            "committed together, so the next run starts after them; inspect the target): "
+            + "; ".join(f"{g.name}: {g.description}" for g in blocking)
+        )
 
 
 def _replication_gates(manifest: Manifest, spark: SparkSession, plan: Any, source_config: dict, result: RunResult, log: Log) -> None:
@@ -513,7 +590,7 @@ def _replication_gates(manifest: Manifest, spark: SparkSession, plan: Any, sourc
     staged = staged.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         result.rows_extracted = staged.count()
-        _pre_publish_gates(manifest, staged, True, result)
+        _pre_publish_gates(manifest, staged, True, result, result.rows_extracted)
     finally:
         staged.unpersist()
 
@@ -527,22 +604,37 @@ def _shape_and_load(
     staged: DataFrame,
     ctx: shape.ShapeContext,
     counts: dict[str, Any],
-    raw: DataFrame | None,
+    letters: DeadLetters,
     sink_config: dict,
+    incremental: bool,
+    target_before: dict[int, int] | None,
+    publish: bool,
     result: RunResult,
     log: Log,
 ) -> None:
     release: list[DataFrame] = []  # frames persisted while shaping, kept until the producer is done
     try:
         with _stage(result, "shape", log):
-            messages, expected = _shape(manifest, staged, ctx, counts, raw, sink_config, result, release)
-        _load(manifest, messages, expected, sink_config, result, log)
+            messages, expected = _shape(manifest, staged, ctx, counts, letters, sink_config, incremental, result, release, log)
+        if not publish:
+            return
+        # Every gate has passed: the run's output leaves the process, dead letters first.
+        _publish_dead_letters(letters, result, log)
+        _load(manifest, messages, expected, sink_config, target_before, result, log)
     finally:
         for frame in release:
             frame.unpersist()
 
 
-def _load(manifest: Manifest, messages: DataFrame, expected: int, sink_config: dict, result: RunResult, log: Log) -> None:
+def _load(
+    manifest: Manifest,
+    messages: DataFrame,
+    expected: int,
+    sink_config: dict,
+    before: dict[int, int] | None,
+    result: RunResult,
+    log: Log,
+) -> None:
     with _stage(result, "load", log):
         delivery = manifest.sink.options.delivery
         stats = produce(
@@ -567,21 +659,41 @@ def _load(manifest: Manifest, messages: DataFrame, expected: int, sink_config: d
                 + "; no state was advanced, a rerun re-produces the batch"
             )
     with _stage(result, "quality_post", log):
-        _post_publish_gates(manifest, stats, expected, result)
+        _post_publish_gates(manifest, stats, expected, sink_config, before, result)
 
 
-def _pre_publish_gates(manifest: Manifest, staged: DataFrame, incremental: bool, result: RunResult) -> None:
-    """Gates on the staged batch, before anything is produced; fail mode stops the run here."""
+def _finish_checks_only(store: StateStore, record: RunRecord, result: RunResult, log: Log) -> None:
+    """End a run that only judged its batch: the run row is written, no offsets or watermark."""
+    result.status = "success"
+    result.finished_at = utcnow().isoformat()
+    result.notes.append("checks only: the batch was judged; nothing was produced and no offsets moved")
+    store.finish_run_success(_record(record, result, "success"), None, None, None)
+    log("commit: checks only, offsets unchanged")
+
+
+def _publish_dead_letters(letters: DeadLetters | None, result: RunResult, log: Log) -> None:
+    if letters is None or not letters.count:
+        return
+    with _stage(result, "dead_letters", log):
+        letters.publish(result)
+
+
+def _pre_publish_gates(
+    manifest: Manifest, frame: DataFrame, incremental: bool, result: RunResult, rows: int, stage: str | None = None
+) -> None:
+    """Gates of one stage (`extracted`: the decoded batch; `published`: the rows to publish; None:
+    every check) on `frame` of `rows` rows, before anything is produced; fail mode stops the run here."""
     from dpone_dagster.quality.gates import failed_gates, run_pre_publish
 
     quality = manifest.quality
     gates = run_pre_publish(
-        staged,
+        frame,
         quality.checks,
         quality.mode,
-        result.rows_extracted,
+        rows,
         incremental_empty=incremental and result.rows_extracted == 0,
         now=utcnow(),
+        stage=stage,
     )
     result.gates.extend(g.as_dict() for g in gates)
     blocking = failed_gates(gates)
@@ -592,9 +704,14 @@ def _pre_publish_gates(manifest: Manifest, staged: DataFrame, incremental: bool,
         )
 
 
-def _post_publish_gates(manifest: Manifest, stats: Any, expected: int, result: RunResult) -> None:
-    """Reconciliation after delivery; in fail mode a mismatch stops the state from advancing."""
-    from dpone_dagster.quality.gates import failed_gates, partition_advance, run_post_publish
+def _post_publish_gates(
+    manifest: Manifest, stats: Any, expected: int, sink_config: dict, before: dict[int, int] | None, result: RunResult
+) -> None:
+    """Reconciliation after delivery, against what the target topic holds (its end offsets before
+    and after producing; with exclusive_target the records in between); in fail mode a mismatch
+    stops the state from advancing."""
+    from dpone_dagster.quality.gates import failed_gates, run_post_publish
+    from dpone_dagster.quality.target import count_records, end_offsets, offset_advance
 
     quality = manifest.quality
     if not any(c.type == "source_target_count" for c in quality.checks):
@@ -605,13 +722,18 @@ def _post_publish_gates(manifest: Manifest, stats: Any, expected: int, result: R
                 "no state was advanced"
             )
         return
+    topic = manifest.sink.topic
+    after = end_offsets(sink_config, topic)
+    exclusive = any(c.type == "source_target_count" and c.exclusive_target for c in quality.checks)
+    held = count_records(sink_config, topic, before or {}, after) if exclusive else None
     gates = run_post_publish(
         quality.checks,
         quality.mode,
         result.rows_extracted,
         expected,
         stats.delivered,
-        partition_advance(stats.partitions),
+        offset_advance(before or {}, after),
+        held,
     )
     result.gates.extend(g.as_dict() for g in gates)
     blocking = failed_gates(gates)
@@ -633,14 +755,16 @@ def _shape(
     staged: DataFrame,
     ctx: shape.ShapeContext,
     counts: dict[str, Any],
-    raw: DataFrame | None,
+    letters: DeadLetters,
     sink_config: dict,
+    incremental: bool,
     result: RunResult,
     release: list[DataFrame],
+    log: Log,
 ) -> tuple[DataFrame, int]:
-    """Apply key, delete policy, bad-key policy, duplicate policy and the size limit, with the
-    facts `_stage_batch` counted; returns (messages, expected message count). Nothing is produced
-    here; frames persisted on the way are appended to `release`."""
+    """Apply key, delete policy, bad-key policy, duplicate policy, the published-stage gates and
+    the size limit, with the facts `_stage_batch` counted; returns (messages, expected message
+    count). Nothing is produced here; frames persisted on the way are appended to `release`."""
     sink = manifest.sink
     options = sink.options
     deletes = int(counts["deletes"] or 0)
@@ -663,7 +787,7 @@ def _shape(
             F.col(C.SOURCE_OFFSET).alias("offset"),
             F.lit(f"missing unique key {list(sink.strategy.unique_key_columns)}").alias("reason"),
         )
-        handle_bad_records(manifest, bad, keyless, raw, sink_config, result, "record(s) have no unique key")
+        handle_bad_records(manifest, bad, keyless, letters, result, "record(s) have no unique key")
         keyed = keyed.where(~((F.col(C.OP) == C.UPSERT) & F.col(shape.KEY).isNull()))
     keyed_rows = result.rows_extracted - result.deletes_skipped - result.rows_dead_lettered - result.rows_skipped
     removed = 0  # rows de-duplication drops
@@ -678,6 +802,8 @@ def _shape(
                 )
         elif policy in ("keep_last", "keep_first"):
             keyed, removed = _keep_one_per_key(manifest, keyed, policy, counts, release)
+    with _stage(result, "quality_published", log):
+        _pre_publish_gates(manifest, keyed, incremental, result, keyed_rows - removed, "published")
     if options.key.mode == "unique_key" and not shape.uses_dedupe(sink):
         keyed = shape.ordered_by_key(keyed)
     registry = _registry_plan(manifest, keyed, result)
@@ -689,7 +815,7 @@ def _shape(
     bound = counts["size_bound"]
     if bound is not None and bound <= limit:
         return messages, expected  # no message can be over the limit: the producer tasks encode
-    return _measured_messages(manifest, messages, limit, expected, raw, sink_config, result, release)
+    return _measured_messages(manifest, messages, limit, expected, letters, result, release)
 
 
 # Duplicated keys up to this many are resolved with a broadcast of (key, winning order); more
@@ -719,8 +845,7 @@ def _measured_messages(
     messages: DataFrame,
     limit: int,
     expected: int,
-    raw: DataFrame | None,
-    sink_config: dict,
+    letters: DeadLetters,
     result: RunResult,
     release: list[DataFrame],
 ) -> tuple[DataFrame, int]:
@@ -738,7 +863,7 @@ def _measured_messages(
         F.col(C.SOURCE_OFFSET).alias("offset"),
         F.concat(F.lit("message of "), F.col("__size").cast("string"), F.lit(f" bytes exceeds message.max.bytes {limit}")).alias("reason"),
     )
-    handle_bad_records(manifest, bad, too_large, raw, sink_config, result, f"message(s) exceed message.max.bytes {limit}")
+    handle_bad_records(manifest, bad, too_large, letters, result, f"message(s) exceed message.max.bytes {limit}")
     return sized.where(F.col("__size") <= limit).drop("__size"), expected - too_large
 
 

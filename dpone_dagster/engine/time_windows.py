@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dpone_dagster import columns as C
-from dpone_dagster.engine.bad_records import _dead_letter
+from dpone_dagster.engine.bad_records import DeadLetters
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.errors import DataRefused
 from dpone_dagster.kafka.admin import ensure_sink_topic
@@ -85,7 +85,9 @@ class LateRecordScreen:
         if self._letters is None:
             return
         raw, bad, count = self._letters
-        _dead_letter(self.source.manifest, bad, count, raw, self.sink_config, self.result)
+        letters = DeadLetters(self.source.manifest, raw, self.sink_config)
+        letters.add(bad, count)
+        letters.publish(self.result)
         self.result.notes.append(f"{count} late record(s) sent to {self.source.options.dead_letter.topic}")
 
     def _hold_back(self, spark: SparkSession, boundary: Boundary, total: int, where: dict[str, int], log: Log) -> ExtractResult:

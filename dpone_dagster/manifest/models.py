@@ -195,7 +195,8 @@ class Strategy(StrictModel):
     unique_key: str | list[str] | None = None
     merge_policy: Literal["event_upsert"] = "event_upsert"
     duplicate_policy: Literal["fail", "keep_last", "keep_first", "allow"] = "keep_last"
-    # snapshot_reconciliation has no safe finalization on a topic; refused unless set.
+    # Accepted for manifests written for other sinks; snapshot_reconciliation is refused for Kafka
+    # sinks either way (no target key set to emit deletes from).
     allow_snapshot_reconciliation: bool = False
 
     @property
@@ -221,6 +222,14 @@ class DeliveryOptions(StrictModel):
     flush_timeout_s: float = Field(default=120.0, gt=0)
     # Raw librdkafka producer settings passed through unchanged.
     producer_config: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("acks", mode="before")
+    @classmethod
+    def _acks_as_text(cls, value: Any) -> Any:
+        """YAML reads `acks: 1` as an integer; librdkafka takes the same values as text."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        return value
 
 
 class DeleteOptions(StrictModel):
@@ -318,6 +327,12 @@ class _Check(StrictModel):
     name: str | None = None
 
 
+# Which frame a row-level check judges: `published` (default) the rows as they will be published,
+# after the delete policy, bad records and de-duplication; `extracted` the decoded batch before
+# all of that (its default name ends in `_extracted`).
+CheckStage = Literal["published", "extracted"]
+
+
 class MinRowsCheck(_Check):
     type: Literal["min_rows"]
     threshold: int = Field(ge=0)
@@ -326,32 +341,40 @@ class MinRowsCheck(_Check):
 class SourceTargetCountCheck(_Check):
     type: Literal["source_target_count"]
     tolerance_pct: float = Field(default=0.0, ge=0, le=100)
+    # The target topic is written by this pipeline alone: also count what the run's offset range
+    # of the target holds (a concurrent writer would be counted as this run's output).
+    exclusive_target: bool = False
 
 
 class NotNullCheck(_Check):
     type: Literal["not_null"]
+    stage: CheckStage = "published"
     columns: list[str] = Field(min_length=1)
 
 
 class UniqueCheck(_Check):
     type: Literal["unique"]
+    stage: CheckStage = "published"
     columns: list[str] = Field(min_length=1)
 
 
 class AcceptedValuesCheck(_Check):
     type: Literal["accepted_values"]
+    stage: CheckStage = "published"
     column: str
     values: list[Any] = Field(min_length=1)
 
 
 class FreshnessCheck(_Check):
     type: Literal["freshness"]
+    stage: CheckStage = "published"
     column: str | None = None  # default: the Kafka record timestamp
     max_age_seconds: int = Field(gt=0)
 
 
 class GreatExpectationsCheck(_Check):
     type: Literal["great_expectations"]
+    stage: CheckStage = "published"
     expectation_type: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
 

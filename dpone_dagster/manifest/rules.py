@@ -32,7 +32,29 @@ def check_rules(manifest: Manifest) -> list[Problem]:
     problems += _state_rules(manifest)
     problems += _quality_rules(manifest)
     problems += _topic_rules(manifest)
+    problems += _delivery_rules(manifest)
     return problems
+
+
+def _delivery_rules(m: Manifest) -> list[Problem]:
+    """The manifest's own producer settings must keep the declared delivery mode's promise (the
+    connection's and the resource's overrides are checked again when a run resolves them)."""
+    from dpone_dagster.kafka.config import delivery_contradictions, producer_config, setting_origin
+
+    delivery = m.sink.options.delivery
+    mode = f"(sink.options.delivery.mode: {delivery.mode})"
+    out = [
+        Problem(setting_origin(m, key), f"{why} {mode}")
+        for key, why in delivery_contradictions(delivery.mode, producer_config({}, delivery))
+    ]
+    # The typed acks on its own: producer_config or the idempotent modes may override it, but
+    # declaring it against the mode is still wrong.
+    if delivery.acks is not None and "sink.options.delivery.acks" not in {p.path for p in out}:
+        out += [
+            Problem("sink.options.delivery.acks", f"{why} {mode}")
+            for _, why in delivery_contradictions(delivery.mode, {"acks": delivery.acks})
+        ]
+    return out
 
 
 def _strategy_rules(m: Manifest) -> list[Problem]:
@@ -46,13 +68,17 @@ def _strategy_rules(m: Manifest) -> list[Problem]:
                 "use incremental_merge with merge_policy: event_upsert",
             )
         )
-    if strategy.mode == "snapshot_reconciliation" and not strategy.allow_snapshot_reconciliation:
+    if strategy.mode == "snapshot_reconciliation":
+        # Its promise is a delete for every key that left the snapshot; a topic has no key set to
+        # compare with, so the engine would publish the snapshot and silently keep the gone keys.
         out.append(
             Problem(
                 "sink.strategy.mode",
-                "snapshot_reconciliation is not recommended for Kafka sinks (a topic has no safe native "
-                "finalization path); use incremental_merge with deletes, or set "
-                "sink.strategy.allow_snapshot_reconciliation: true to accept it explicitly",
+                "snapshot_reconciliation is not available for Kafka sinks: a topic has no target key set to "
+                "reconcile with, so keys that left the snapshot would get no delete"
+                + (" (allow_snapshot_reconciliation does not change that)" if strategy.allow_snapshot_reconciliation else "")
+                + "; use incremental_merge with deletes.enabled and deletes.tombstone: true, fed by a source "
+                "that reports deletes (e.g. cdc)",
             )
         )
     if strategy.mode == "incremental_merge" and not strategy.unique_key_columns:

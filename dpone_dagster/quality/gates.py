@@ -25,8 +25,12 @@ Decisions:
 - not_null: observed = nulls summed over the check's columns (per-column counts in the description).
   unique: observed = number of key groups occurring more than once; rows with a null in any of the
   columns are excluded. accepted_values: observed = non-null rows whose value is outside the list
-  (nulls are never counted; use not_null for them). The check evaluates whatever DataFrame it is
-  given: to judge uniqueness of what is published (after keep_last/keep_first), pass the shaped batch.
+  (nulls are never counted; use not_null for them).
+- Order and frames. The engine evaluates min_rows and every `stage: extracted` check on the decoded
+  batch (before the delete policy, bad records and de-duplication; such checks' default names end in
+  `_extracted`), then every other row-level check on the rows as they will be published (after
+  keep_last/keep_first, skipped deletes and removed bad records), then publishes. So `unique` on the
+  unique key passes when duplicate_policy keep_last/keep_first makes the published rows unique.
 - freshness: observed = seconds between `now` and the newest non-null value of `column` (default the
   Kafka record timestamp `__dpone__source_timestamp`); passes when <= max_age_seconds. A column with
   no non-null value fails (freshness cannot be shown). timestamp_ntz / string / date columns are cast
@@ -35,17 +39,20 @@ Decisions:
 - source_target_count: observed = |expected_messages - delivered| / expected_messages * 100, where
   expected_messages is what the sink was supposed to receive (after dedupe / skipped deletes, as the
   engine computes it) and delivered the acknowledged messages (0 vs 0 is 0%; n vs 0 expected is 100%).
-  It also requires the sink partitions' offset advance (sum over partitions of max_offset - min_offset
-  + 1 from the delivery reports, or a high-watermark delta measured by the caller) to be >= delivered.
-  Not ==: with at-least-once and idempotent producers, retries (and other producers writing to the same
-  topic) can occupy extra offsets, but fewer offsets than acknowledged messages means the delivery
-  accounting is wrong. With `sink_partition_advance=None` that second rule is not evaluated (and the
-  description says so).
+  With `exclusive_target: true` (the target topic is written by this pipeline alone) the records the
+  run's offset range of the target actually holds (read from the target, read_committed where the sink
+  is transactional) are compared with expected_messages too, and the larger difference is observed.
+  It also requires the sink partitions' offset advance, read from the target (end offsets after minus
+  before the run, `quality.target`), to be >= delivered. Not ==: with at-least-once and idempotent
+  producers, retries (and other producers writing to the same topic) can occupy extra offsets, but fewer
+  offsets than acknowledged messages means messages did not reach the target. With
+  `sink_partition_advance=None` that second rule is not evaluated (and the description says so).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -85,6 +92,12 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CHECK = TypeAdapter(Check)
 
 
+def check_stage(check: Any) -> str:
+    """The frame a pre-publish check judges: min_rows counts the extracted batch; row-level checks
+    say it in `stage` (default: the rows as published)."""
+    return "extracted" if isinstance(check, MinRowsCheck) else getattr(check, "stage", "published")
+
+
 def _col(name: str) -> Column:
     """A column by its exact name (dots and spaces are not struct paths here)."""
     return F.col("`" + name.replace("`", "``") + "`")
@@ -105,17 +118,25 @@ def run_pre_publish(
     rows: int,
     incremental_empty: bool,
     now: datetime,
+    stage: str | None = None,
 ) -> list[CheckResult]:
     """Evaluate every pre-publish check of `checks` on the staged batch `df` (see the module notes).
 
     `rows` is the batch's row count (the engine already has it); `now` the reference time of freshness
     (naive means UTC). Results are in manifest order; source_target_count is left to run_post_publish.
+    `stage` selects the checks of one frame: "extracted" (min_rows and `stage: extracted` checks, on
+    the decoded batch) or "published" (the other row-level checks, on the rows to publish); None
+    evaluates every pre-publish check on `df`.
     """
     severity = severity_for(mode)
     checks = _models(checks)
     names = check_names(checks)
     now = now if now.tzinfo else now.replace(tzinfo=UTC)
-    selected = [(name, c) for name, c in zip(names, checks, strict=True) if c.type in PRE_PUBLISH_TYPES]
+    selected = [
+        (name, c)
+        for name, c in zip(names, checks, strict=True)
+        if c.type in PRE_PUBLISH_TYPES and (stage is None or check_stage(c) == stage)
+    ]
     ctx = _Batch(df, severity)
     if rows > 0:
         _require_columns(ctx.df, selected)
@@ -146,7 +167,12 @@ def run_pre_publish(
                     ctx.content, check.expectation_type, check.kwargs, name=name, severity=severity
                 )
             )
-    return results
+    return [
+        replace(r, description=f"before de-duplication: {r.description}")
+        if check_stage(c) == "extracted" and not isinstance(c, MinRowsCheck)
+        else r
+        for r, (_, c) in zip(results, selected, strict=True)
+    ]
 
 
 class _Batch:
@@ -377,18 +403,26 @@ def run_post_publish(
     extracted: int,
     expected_messages: int,
     delivered: int,
-    sink_partition_advance: Mapping[int, int] | None = None,
+    sink_partition_advance: Mapping[Any, int] | None = None,
+    target_records: int | None = None,
 ) -> list[CheckResult]:
-    """Evaluate every source_target_count check once delivery reports are in (see the module notes)."""
+    """Evaluate every source_target_count check once delivery reports are in (see the module notes).
+
+    `sink_partition_advance` is the target's end offsets after minus before the run, read from the
+    target; `target_records` what the run's range of the target holds (exclusive_target checks)."""
     severity = severity_for(mode)
     checks = _models(checks)
     results = []
     for name, check in zip(check_names(checks), checks, strict=True):
         if not isinstance(check, SourceTargetCountCheck):
             continue
-        diff = abs(expected_messages - delivered)
+        held = target_records if check.exclusive_target else None
+        diff = max(abs(expected_messages - delivered), abs(expected_messages - held) if held is not None else 0)
         pct = 0.0 if diff == 0 else 100.0 if expected_messages == 0 else diff / expected_messages * 100
         count_ok = pct <= check.tolerance_pct + 1e-9
+        if check.exclusive_target and held is None:
+            raise ConfigError(f"quality check {name}: exclusive_target needs the count of the target's records")
+        held_text = f"; the target's range of this run holds {held} record(s)" if held is not None else ""
         if sink_partition_advance is None:
             advance_ok = True
             advance_text = "sink offset advance not measured"
@@ -410,8 +444,8 @@ def run_post_publish(
                 threshold=check.tolerance_pct,
                 description=(
                     f"{extracted} row(s) extracted; {expected_messages} message(s) expected on the sink, "
-                    f"{delivered} acknowledged: {round(pct, 4)}% difference (tolerance {check.tolerance_pct}%); "
-                    f"{advance_text}"
+                    f"{delivered} acknowledged{held_text}: {round(pct, 4)}% difference (tolerance "
+                    f"{check.tolerance_pct}%); {advance_text}"
                 ),
             )
         )

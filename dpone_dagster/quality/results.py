@@ -96,7 +96,8 @@ def check_name(check: Any, index: int) -> str:
 
     An explicit `name` wins and must already be [A-Za-z0-9_]+ (ConfigError otherwise). Defaults:
     min_rows, source_target_count, not_null_<cols>, unique_<cols>, accepted_values_<column>,
-    freshness (freshness_<column> for an explicit column), ge_<expectation_type>[_<column(s)>];
+    freshness (freshness_<column> for an explicit column), ge_<expectation_type>[_<column(s)>], with
+    `_extracted` appended for a check of `stage: extracted`;
     column names are reduced to [A-Za-z0-9_] (`__dpone__x` -> `dpone_x`). A default that reduces to
     nothing becomes `check_<index>`. Two checks can share a default name; `check_names` resolves that.
     """
@@ -119,6 +120,8 @@ def check_name(check: Any, index: int) -> str:
         parts = ["ge", check.expectation_type, *_ge_columns(check.kwargs)]
     else:  # min_rows, source_target_count
         parts = [check_type]
+    if getattr(check, "stage", "published") == "extracted":
+        parts.append("extracted")  # judged before de-duplication: the name says so
     name = "_".join(s for s in (_slug(str(p)) for p in parts) if s)
     return name or f"check_{index}"
 

@@ -273,6 +273,15 @@ def plan_replication(
     )
 
 
+def _prepare_targets(manifest: Manifest, target_config: dict[str, Any], plan: ReplicationPlan, log: Log) -> ReplicationPlan:
+    """Ensure the control topic and the target topics of a plan fixed without writing anything;
+    the planned ranges stay as they are (tasks still re-read their start after fencing)."""
+    control_partitions = ensure_control_topic(target_config, manifest.sink.options.replication.control_topic, log)
+    layout = {topic: [p.partition for p in plan.planned if p.topic == topic] for topic in plan.targets}
+    target_partitions = _ensure_targets(manifest, target_config, plan.targets, layout)
+    return replace(plan, control_partitions=control_partitions, target_partitions=target_partitions)
+
+
 def _existing_target_layout(
     target_config: dict[str, Any], control_topic: str, targets: dict[str, str], notes: list[str]
 ) -> tuple[int | None, dict[str, int]]:
@@ -294,13 +303,18 @@ def run_replication(
     fail_after_produce_for_tests: tuple | None = None,
     source_registry: dict[str, Any] | None = None,
     target_registry: dict[str, Any] | None = None,
+    plan: ReplicationPlan | None = None,
 ) -> ReplicationResult:
-    """Replicate every selected source partition up to its high watermark fixed now.
+    """Replicate every selected source partition up to its high watermark fixed now, or up to the
+    ends of `plan` when the caller already fixed them (the ranges its quality gates checked).
 
     `fail_after_produce_for_tests`: (topic, partition[, "after_data" | "before_commit"[, "exit" | "raise"]])
     makes that partition's task die after producing and before commit_transaction.
     """
-    plan = plan_replication(manifest, source_config, target_config, log, create=True)
+    if plan is None:
+        plan = plan_replication(manifest, source_config, target_config, log, create=True)
+    else:
+        plan = _prepare_targets(manifest, target_config, plan, log)
     options = manifest.sink.options.replication
     result = ReplicationResult(
         run_id, manifest.name, plan.commit_group, plan.control_topic, plan.targets, list(plan.planned), list(plan.notes)

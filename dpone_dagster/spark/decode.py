@@ -34,12 +34,15 @@ def envelope_schema(data_schema: StructType) -> StructType:
 
 
 def decode_json(raw: DataFrame, schema: StructType, envelope: str, detect_unknown: bool = False) -> DataFrame:
-    """`envelope` is flat or dpone (auto is resolved from the sample before this is called).
+    """`envelope` is flat, dpone, or auto: decided per record, an object with `op` and `data` is a
+    dpone envelope and anything else a flat record (a topic may mix both; the schema sample only
+    serves schema inference).
 
-    Rows the read tasks decoded already (`kafka_reader.JSON_OK`) keep their columns; the others are
-    parsed here. With `detect_unknown`, records holding top-level keys the schema lacks get them
-    in `C.UNKNOWN_KEYS` and their text in `C.UNKNOWN_TEXT` (drift past the sample; a read task
-    never decodes such a record)."""
+    Rows the read tasks decoded already (`kafka_reader.JSON_OK`) keep their columns (flat records:
+    a read task never decodes a record holding a key beyond the schema); the others are parsed
+    here. With `detect_unknown`, records holding top-level keys the schema lacks get them in
+    `C.UNKNOWN_KEYS` and their text in `C.UNKNOWN_TEXT` (drift past the sample; for an envelope
+    the keys of its `data`)."""
     text = F.col("value").cast("string")
     payload_fields = [f for f in schema.fields if f.name != C.OP]
     payload_schema = StructType(payload_fields)
@@ -47,34 +50,27 @@ def decode_json(raw: DataFrame, schema: StructType, envelope: str, detect_unknow
     prepared = reads_decoded(raw)
     ok = F.col(JSON_OK) if prepared else F.lit(False)
     staged_columns: list[Column] = []
+    is_envelope = _is_envelope(text, ok) if envelope == "auto" else F.lit(envelope == "dpone")
     if detect_unknown:
-        keys_text = F.get_json_object(text, "$.data") if envelope == "dpone" else text
+        data_text = F.get_json_object(text, "$.data")
+        keys_text = data_text if envelope == "dpone" else F.when(is_envelope, data_text).otherwise(text) if envelope == "auto" else text
         known = F.array(*[F.lit(n) for n in names]) if names else F.array().cast("array<string>")
         unknown = F.array_except(F.json_object_keys(keys_text), known)
         staged_columns.append(F.when(~ok & (F.size(unknown) > 0), unknown).alias(C.UNKNOWN_KEYS))
-    if envelope == "dpone":
-        parsed = F.from_json(text, envelope_schema(payload_schema), _JSON_OPTIONS)
-        data = parsed.getField("data")
-        op_text = parsed.getField("op")
-        corrupt = F.coalesce(
-            parsed.getField(C.CORRUPT),
-            F.when(text.isNotNull() & (op_text.isNull() | (data.isNull() & ~op_text.isin(*DELETE_OPS))), text),
-        )
-    else:
+    if envelope != "dpone":
         # Parsed in a projection of its own and only where the read task did not decode the
         # record; the next projection reads it once per field (Spark does not merge the two).
-        staged_columns.append(F.when(~ok, F.from_json(text, with_corrupt_field(schema), _JSON_OPTIONS)).alias(_PARSED))
-        parsed = F.col(_PARSED)
-
-        def field(name: str) -> Column:
-            if not prepared:
-                return parsed.getField(name)
-            return F.when(F.col(JSON_OK), F.col(json_column(names.index(name)))).otherwise(parsed.getField(name))
-
-        data = F.struct(*[field(f.name).alias(f.name) for f in payload_fields])
-        op_text = field(C.OP) if C.OP in names else F.lit(None)
-        corrupt = parsed.getField(C.CORRUPT)
+        flat_wanted = ~ok & ~is_envelope if envelope == "auto" else ~ok
+        staged_columns.append(F.when(flat_wanted, F.from_json(text, with_corrupt_field(schema), _JSON_OPTIONS)).alias(_PARSED))
     stage = raw.select("*", *staged_columns) if staged_columns else raw
+    if envelope == "flat":
+        data, op_text, corrupt = _flat_parts(schema, prepared)
+    elif envelope == "dpone":
+        data, op_text, corrupt = _envelope_parts(text, payload_schema)
+    else:
+        flat = _flat_parts(schema, prepared)
+        enveloped = _envelope_parts(text, payload_schema)
+        data, op_text, corrupt = (F.when(is_envelope, e).otherwise(f) for e, f in zip(enveloped, flat, strict=True))
     drift: list[Column] = []
     if detect_unknown:
         drift = [F.col(C.UNKNOWN_KEYS), F.when(F.col(C.UNKNOWN_KEYS).isNotNull(), text).alias(C.UNKNOWN_TEXT)]
@@ -84,6 +80,46 @@ def decode_json(raw: DataFrame, schema: StructType, envelope: str, detect_unknow
         F.concat(F.lit("value is not JSON matching the schema at "), F.col("partition").cast("string"), F.lit("@"), F.col("offset").cast("string")),
     )
     return stage.select(*decoded_columns(data, payload_fields, record_op(text, op_text), corrupt), *drift)
+
+
+def is_envelope_value(value: object) -> bool:
+    """The per-record rule of `envelope: auto` (pure): a JSON object with `op` and `data`."""
+    return isinstance(value, dict) and "op" in value and "data" in value
+
+
+def _is_envelope(text: Column, ok: Column) -> Column:
+    """`is_envelope_value` on Spark: the record's top-level keys hold op and data. Records the read
+    tasks decoded are flat (their keys are the flat schema's)."""
+    keys = F.json_object_keys(text)
+    return F.coalesce(~ok & F.array_contains(keys, "op") & F.array_contains(keys, "data"), F.lit(False))
+
+
+def _flat_parts(schema: StructType, prepared: bool) -> tuple[Column, Column, Column]:
+    """(payload struct, op text, corrupt text) of a flat record parsed into `_PARSED`."""
+    names = schema.fieldNames()
+    payload_fields = [f for f in schema.fields if f.name != C.OP]
+    parsed = F.col(_PARSED)
+
+    def field(name: str) -> Column:
+        if not prepared:
+            return parsed.getField(name)
+        return F.when(F.col(JSON_OK), F.col(json_column(names.index(name)))).otherwise(parsed.getField(name))
+
+    data = F.struct(*[field(f.name).alias(f.name) for f in payload_fields])
+    op_text = field(C.OP) if C.OP in names else F.lit(None).cast("string")
+    return data, op_text, parsed.getField(C.CORRUPT)
+
+
+def _envelope_parts(text: Column, payload_schema: StructType) -> tuple[Column, Column, Column]:
+    """(payload struct, op text, corrupt text) of a dpone envelope {op, data, schema_version}."""
+    parsed = F.from_json(text, envelope_schema(payload_schema), _JSON_OPTIONS)
+    data = parsed.getField("data")
+    op_text = parsed.getField("op")
+    corrupt = F.coalesce(
+        parsed.getField(C.CORRUPT),
+        F.when(text.isNotNull() & (op_text.isNull() | (data.isNull() & ~op_text.isin(*DELETE_OPS))), text),
+    )
+    return data, op_text, corrupt
 
 
 def decoded_in_tasks(raw: DataFrame, schema: StructType) -> DataFrame:
