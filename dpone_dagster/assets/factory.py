@@ -17,7 +17,7 @@ from dagster import (
     Failure,
     MaterializeResult,
     MetadataValue,
-    asset,
+    multi_asset,
 )
 from dagster_pyspark import LazyPySparkResource
 
@@ -77,7 +77,7 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None, 
     asset_key = AssetKey([manifest.name])
     check_specs = quality_check_specs(manifest, asset_key)
 
-    @asset(
+    spec = AssetSpec(
         key=asset_key,
         deps=[upstream] if upstream else source_asset_keys(manifest),
         description=description,
@@ -89,21 +89,35 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None, 
             "manifest": str(manifest_path) if manifest_path else manifest.name,
         },
         partitions_def=partitions_def,
+        # Selecting checks alone runs them without materializing the asset.
+        skippable=True,
+    )
+
+    @multi_asset(
+        name=manifest.name,
+        specs=[spec],
         # A range backfill reads all its windows in one run; offsets are recorded per key.
         backfill_policy=BackfillPolicy.single_run() if partitions_def else None,
         # One slot per pool (dagster.yaml): runs that share offsets (one pipeline, or one topic and
         # consumer group) never overlap.
         pool=dagster_pool(manifest),
         check_specs=check_specs,
+        # The asset without some checks, or checks without the asset, as Dagster users select them.
+        can_subset=True,
     )
     def _materialize(context: AssetExecutionContext, pyspark: LazyPySparkResource, kafka: KafkaResource):
         keys, windows = _partition_windows(context, manifest)
+        selected = {k.name for k in context.selected_asset_check_keys}
+        specs = [s for s in check_specs if s.name in selected]
+        publish = asset_key in context.selected_asset_keys
         request = RunRequest(
             run_id=f"{context.run_id}-{context.retry_number}",
             windows=windows,
             fallback_offsets=None if windows else last_committed_offsets(context, manifest),
             log=lambda message: context.log.info(redact_text(message)),
             kafka_config=kafka.client_config,
+            checks=frozenset(selected),
+            publish=publish,
         )
         tag_retry_budget(context, manifest)
         try:
@@ -112,9 +126,11 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None, 
             if not is_retryable(exc):
                 refuse_retry(context)
             # Report the gates that ran, then fail: no materialization a later run could trust.
-            yield from check_results(check_specs, exc.result.gates if exc.result else [], complete=False)
+            yield from check_results(specs, exc.result.gates if exc.result else [], complete=False)
             raise Failure(description=redact_text(str(exc))) from None
-        yield from check_results(check_specs, result.gates, complete=True)
+        yield from check_results(specs, result.gates, complete=True)
+        if not publish:
+            return  # checks alone: the batch was judged, nothing was published
         metadata = materialization_metadata(result)
         if keys:
             metadata.update(window_metadata(keys, result))

@@ -14,7 +14,7 @@ from typing import Any
 
 from dpone_dagster.connections import resolve_kafka
 from dpone_dagster.errors import DponeError
-from dpone_dagster.kafka.config import producer_config
+from dpone_dagster.kafka.config import effective_producer_settings
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.redact import redact_mapping, redact_text
 from dpone_dagster.sources.kafka import KafkaBatchSource, default_group_id
@@ -24,7 +24,7 @@ def build_plan(manifest: Manifest, probe: bool = True) -> dict[str, Any]:
     plan: dict[str, Any] = {
         "name": manifest.name,
         "source": _source_section(manifest),
-        "sink": _sink_section(manifest),
+        "sink": _sink_section(manifest, probe),
         "schema_evolution": _schema_section(manifest),
         "state": _state_section(manifest),
         "quality": {
@@ -83,10 +83,10 @@ def _boundary_method(manifest: Manifest) -> str:
     return f"[{start}, {end})"
 
 
-def _sink_section(manifest: Manifest) -> dict[str, Any]:
+def _sink_section(manifest: Manifest, probe: bool = False) -> dict[str, Any]:
     sink = manifest.sink
     o = sink.options
-    settings = producer_config({}, o.delivery)
+    settings = effective_producer_settings(manifest, _sink_client_config(manifest) if probe else {})
     return {
         "topic": sink.topic,
         "connection_id": sink.connection_id,
@@ -144,6 +144,15 @@ def _probe_boundary(manifest: Manifest) -> dict[str, Any]:
         return {"reachable": False, "reason": str(exc)}
     except Exception as exc:  # broker down, DNS, auth: the plan still renders
         return {"reachable": False, "reason": f"{type(exc).__name__}: {exc}"}
+
+
+def _sink_client_config(manifest: Manifest) -> dict[str, Any]:
+    """The sink connection's settings, so the plan shows what they override; none when they
+    cannot be resolved (the plan still renders)."""
+    try:
+        return resolve_kafka(manifest.sink).client_config()
+    except Exception:
+        return {}
 
 
 def render_markdown(plan: dict[str, Any]) -> str:

@@ -191,7 +191,7 @@ class KafkaBatchSource:
             return self._extract_registry(spark, boundary, log)
         sample = self.sample_values(boundary) if boundary.total else []
         envelope = self.resolve_envelope(sample)
-        schema = self._schema(sample, envelope)
+        schema = self._schema(sample, self._decoding(envelope))
         notes = [f"envelope: {envelope}" + (" (detected)" if self.options.envelope == "auto" else "")]
         # An inferred schema may miss keys the sample did not hold: every record is checked.
         detect = self.options.schema_ is None and bool(boundary.total)
@@ -205,8 +205,10 @@ class KafkaBatchSource:
         settings = self._reader_settings()
         # Flat JSON is decoded in the read tasks where pyarrow can (spark/arrow_json.py).
         records = read_records(spark, tasks, settings, schema if envelope == "flat" else None)
+        # Under envelope: auto each record is decided on its own (the sample only chose the above).
+        decoding = self._decoding(envelope)
         extracted = ExtractResult(
-            lambda: decode.decode_json(raw_records(records, tasks), schema, envelope, detect_unknown=detect),
+            lambda: decode.decode_json(raw_records(records, tasks), schema, decoding, detect_unknown=detect),
             schema,
             envelope,
             notes,
@@ -217,7 +219,7 @@ class KafkaBatchSource:
 
             def decode_kept(kept: DataFrame) -> tuple[DataFrame, Callable[[], DataFrame]]:
                 raw = raw_records(kept, tasks)
-                return decode.decoded_in_tasks(raw, schema), lambda: decode.decode_json(raw, schema, envelope, detect_unknown=detect)
+                return decode.decoded_in_tasks(raw, schema), lambda: decode.decode_json(raw, schema, decoding, detect_unknown=detect)
 
             extracted.records, extracted.decode_kept = records, decode_kept
         return extracted
@@ -236,7 +238,7 @@ class KafkaBatchSource:
         )
         keys = sorted({row["k"] for row in samples})
         texts = list(dict.fromkeys(row[C.UNKNOWN_TEXT] for row in samples))
-        schema = merge_structs(extracted.schema, self._infer([_loads(t) for t in texts], extracted.envelope))
+        schema = merge_structs(extracted.schema, self._infer([_loads(t) for t in texts], self._decoding(extracted.envelope)))
         notes = [*extracted.notes, f"schema widened with fields not in the sample: {keys}"]
         log(f"extract: {notes[-1]}; reading the batch again")
         return self._extract_json(spark, boundary, schema, extracted.envelope, notes, False, log)
@@ -324,6 +326,10 @@ class KafkaBatchSource:
             return "dpone"
         return "flat"
 
+    def _decoding(self, resolved: str) -> str:
+        """The envelope decode_json applies: `auto` stays per record, whatever the sample said."""
+        return "auto" if self.options.envelope == "auto" else resolved
+
     def _schema(self, sample: list[Any], envelope: str) -> StructType:
         if self.options.schema_ is not None:
             ddl = ", ".join(f"`{c.name}` {c.type}" for c in self.options.schema_)
@@ -334,6 +340,10 @@ class KafkaBatchSource:
     def _infer(values: list[Any], envelope: str) -> StructType:
         if envelope == "dpone":
             rows = [v["data"] for v in values if isinstance(v, dict) and isinstance(v.get("data"), dict)]
+        elif envelope == "auto":
+            # Envelopes contribute their data (a delete's may be null), flat records themselves.
+            rows = [v["data"] if decode.is_envelope_value(v) else v for v in values if isinstance(v, dict)]
+            rows = [r for r in rows if isinstance(r, dict)]
         else:
             rows = [v for v in values if isinstance(v, dict)]
         return infer_schema(rows)
