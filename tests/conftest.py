@@ -133,6 +133,23 @@ def dagster_home_on_postgres(home: Path) -> Iterator[dict[str, str]]:
         }
 
 
+def kafka_pipeline_yaml(name: str, src: str, dst: str, state_path: Path | str, strategy: str, sink_options: str, tail: str = "") -> str:
+    """A Kafka -> Kafka manifest on connection kafka_cluster with local state; `sink_options` is the
+    flow mapping of sink.options, `tail` more top-level blocks."""
+    return f"""
+name: {name}
+source: {{type: kafka, connection_id: kafka_cluster, topic: {src}}}
+sink:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {dst}
+  strategy: {strategy}
+  options: {sink_options}
+state: {{type: local, path: {state_path}}}
+{tail}
+"""
+
+
 @pytest.fixture(scope="session")
 def pg_database() -> Iterator[dict[str, Any]]:
     """A fresh database on the machine's PostgreSQL, dropped at the end of the session."""

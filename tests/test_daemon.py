@@ -24,6 +24,7 @@ from conftest import (
     consume_all,
     create_topic,
     dagster_home_on_postgres,
+    kafka_pipeline_yaml,
     produce_json,
     unique_topic,
     write_manifest,
@@ -101,25 +102,11 @@ def stop_daemon(daemon: subprocess.Popen) -> None:
 
 
 def manifest_yaml(name: str, src: str, dst: str, state_path: Path, sensor: str = "", dagster: str = "", quality: str = "") -> str:
-    return f"""
-name: {name}
-source:
-  type: kafka
-  connection_id: kafka_cluster
-  topic: {src}
-sink:
-  type: kafka
-  connection_id: kafka_cluster
-  topic: {dst}
-  strategy: {{mode: incremental_append}}
-  options:
-    delivery: {{producer_config: {{message.timeout.ms: 5000}}}}
-state: {{type: local, path: {state_path}}}
-{quality}
-dagster:
-  sensor: {{enabled: true, running_by_default: true, minimum_interval_seconds: 5, retry_backoff_seconds: 2{sensor}}}
-{dagster}
-"""
+    sensor_options = f"{{enabled: true, running_by_default: true, minimum_interval_seconds: 5, retry_backoff_seconds: 2{sensor}}}"
+    return kafka_pipeline_yaml(
+        name, src, dst, state_path, "{mode: incremental_append}", "{delivery: {producer_config: {message.timeout.ms: 5000}}}",
+        f"{quality}\ndagster:\n  sensor: {sensor_options}\n{dagster}",
+    )
 
 
 class Pipeline:

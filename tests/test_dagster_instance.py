@@ -21,6 +21,7 @@ from conftest import (
     consume_all,
     create_topic,
     dagster_home_on_postgres,
+    kafka_pipeline_yaml,
     produce_json,
     unique_topic,
     write_manifest,
@@ -52,21 +53,8 @@ def _instance(dagster_home: tuple[Path, dict[str, str]], monkeypatch) -> Dagster
 
 
 def _manifest(name: str, src: str, dst: str, state_path: Path) -> str:
-    return f"""
-name: {name}
-source:
-  type: kafka
-  connection_id: kafka_cluster
-  topic: {src}
-sink:
-  type: kafka
-  connection_id: kafka_cluster
-  topic: {dst}
-  strategy: {{mode: incremental_merge, unique_key: order_id}}
-  options:
-    create_topic: {{enabled: true, partitions: 2}}
-state: {{type: local, path: {state_path}}}
-"""
+    strategy = "{mode: incremental_merge, unique_key: order_id}"
+    return kafka_pipeline_yaml(name, src, dst, state_path, strategy, "{create_topic: {enabled: true, partitions: 2}}")
 
 
 def test_the_repository_instance_config_loads_postgres_storage_queue_and_pools(dagster_home, monkeypatch):
