@@ -23,11 +23,12 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from dagster import (
     AssetKey,
     AssetObservation,
+    DagsterInstance,
     DagsterRunStatus,
     DefaultSensorStatus,
     MetadataValue,
@@ -50,6 +51,13 @@ from dpone_dagster.resources.kafka import KafkaResource
 from dpone_dagster.sources.kafka import KafkaBatchSource
 
 MAX_WINDOWS_PER_TICK = 24
+
+
+class HasInstance(Protocol):
+    """A sensor's or a schedule's evaluation context: the instance is all the decisions read."""
+
+    @property
+    def instance(self) -> DagsterInstance: ...
 PIPELINE_TAG = "dpone/pipeline"
 FINGERPRINT_TAG = "dpone/waiting_data"  # offsets mode: which stored offsets and watermarks a run was asked for
 WILL_RETRY_TAG = "dagster/will_retry"
@@ -118,6 +126,18 @@ def _offset_requests(
 def _window_requests(
     context: SensorEvaluationContext, manifest: Manifest, config: dict, observation: AssetObservation
 ) -> SensorResult:
+    requests, reason, cursor = window_requests(context, manifest, config, context.cursor)
+    if requests:
+        return SensorResult(run_requests=requests, asset_events=[observation], cursor=cursor)
+    return SensorResult(skip_reason=reason, asset_events=[observation], cursor=cursor)
+
+
+def window_requests(
+    context: HasInstance, manifest: Manifest, config: dict, cursor: str | None
+) -> tuple[list[RunRequest], str, str | None]:
+    """Runs for the closed windows (lateness passed) that hold data and are not materialized,
+    from the oldest window still watched on; or why none. Returns (requests, skip reason, the
+    cursor to keep)."""
     settings = partition_settings(manifest)
     partitions_def = partitions_def_for(manifest)
     assert settings is not None and partitions_def is not None
@@ -125,8 +145,8 @@ def _window_requests(
     now = datetime.now(UTC)
     closed = partitions_def.get_partition_keys(current_time=now - timedelta(seconds=settings.allowed_lateness_seconds))
     if not closed:
-        return SensorResult(skip_reason="no closed window yet", asset_events=[observation])
-    since = _since(context.cursor, closed, options.catch_up_windows)
+        return [], "no closed window yet", cursor
+    since = _since(cursor, closed, options.catch_up_windows)
     watched = closed[closed.index(since):]
     materialized = context.instance.get_materialized_partitions(AssetKey([manifest.name]))
     pending = [k for k in watched if k not in materialized]
@@ -138,11 +158,8 @@ def _window_requests(
             waiting.append(f"{key}: {decision}")
         else:
             requests.append(decision)
-    cursor = json.dumps({"since": _settled_until(watched, materialized, sizes)})
-    if requests:
-        return SensorResult(run_requests=requests, asset_events=[observation], cursor=cursor)
     reason = "; ".join(waiting) if waiting else f"no closed window with data left to materialize since {since}"
-    return SensorResult(skip_reason=reason, asset_events=[observation], cursor=cursor)
+    return requests, reason, json.dumps({"since": _settled_until(watched, materialized, sizes)})
 
 
 def _since(cursor: str | None, closed: list[str], catch_up: int) -> str:
@@ -181,7 +198,7 @@ def _window_sizes(
 
 
 def _attempt(
-    context: SensorEvaluationContext,
+    context: HasInstance,
     manifest: Manifest,
     work: dict[str, str],
     run_key: str,

@@ -102,7 +102,7 @@ def stop_daemon(daemon: subprocess.Popen) -> None:
 
 
 def manifest_yaml(name: str, src: str, dst: str, state_path: Path, sensor: str = "", dagster: str = "", quality: str = "") -> str:
-    sensor_options = f"{{enabled: true, running_by_default: true, minimum_interval_seconds: 5, retry_backoff_seconds: 2{sensor}}}"
+    sensor_options = f"{{running_by_default: true, minimum_interval_seconds: 5, retry_backoff_seconds: 2{sensor}}}"
     return kafka_pipeline_yaml(
         name, src, dst, state_path, "{mode: incremental_append}", "{delivery: {producer_config: {message.timeout.ms: 5000}}}",
         f"{quality}\ndagster:\n  sensor: {sensor_options}\n{dagster}",
@@ -139,7 +139,7 @@ class Pipeline:
 
     def runs(self, instance: DagsterInstance, status: DagsterRunStatus) -> list[Any]:
         runs = instance.get_runs(filters=RunsFilter(statuses=[status]))
-        return [r for r in runs if AssetKey([self.name]) in (r.asset_selection or ())]
+        return [r for r in runs if AssetKey([self.name]) in (r.asset_selection or ()) or r.tags.get("dpone/pipeline") == self.name]
 
 
 def test_the_daemon_keeps_topics_in_sync_retries_what_a_retry_can_fix_and_nothing_else(broker, deployment, instance, tmp_path):
@@ -193,5 +193,31 @@ def test_the_daemon_keeps_topics_in_sync_retries_what_a_retry_can_fix_and_nothin
         tags = instance.get_run_by_id(refused.run_id).tags
         assert tags["dagster/retry_on_asset_or_op_failure"] == "false" and tags["dagster/will_retry"] == "false"
         assert gated.stored_offsets() == {}
+    finally:
+        stop_daemon(daemon)
+
+
+def test_the_daemon_runs_a_schedule_and_an_automation_condition(broker, deployment, instance, tmp_path):
+    """Both declared instead of a sensor, both launched by the daemon: one run per minute's tick."""
+    bootstrap = broker.bootstrap_servers
+    off = ", enabled: false"
+    scheduled = Pipeline(
+        deployment, bootstrap, "scheduled", tmp_path, sensor=off, dagster='  schedule: {cron: "* * * * *", running_by_default: true}'
+    )
+    automated = Pipeline(deployment, bootstrap, "automated", tmp_path, sensor=off, dagster='  automation: {on_cron: "* * * * *"}')
+    for pipeline in (scheduled, automated):
+        pipeline.produce(range(3), 0)
+        pipeline.produce(range(10, 12), 1)
+
+    daemon = start_daemon(deployment, tmp_path / "daemon.log")
+    try:
+        for pipeline in (scheduled, automated):
+            wait_for(f"{pipeline.name}: a successful run", lambda p=pipeline: p.runs(instance, DagsterRunStatus.SUCCESS), 300, daemon)
+            assert pipeline.stored_offsets() == {0: 3, 1: 2}
+            assert pipeline.delivered() == [0, 1, 2, 10, 11]
+        [run, *_] = scheduled.runs(instance, DagsterRunStatus.SUCCESS)
+        assert run.tags["dagster/schedule_name"] == "scheduled_schedule"
+        [run, *_] = automated.runs(instance, DagsterRunStatus.SUCCESS)
+        assert "dagster/schedule_name" not in run.tags and "dagster/sensor_name" in run.tags, run.tags
     finally:
         stop_daemon(daemon)

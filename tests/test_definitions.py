@@ -259,3 +259,24 @@ def test_a_manifest_reading_another_manifests_sink_depends_on_its_asset(tmp_path
     graph = build_definitions(tmp_path).resolve_asset_graph()
     assert graph.get(AssetKey(["clean_to_mart"])).parent_keys == {AssetKey(["raw_to_clean"])}
     assert graph.get(AssetKey(["raw_to_clean"])).parent_keys == {AssetKey(["kafka", "raw"])}
+
+
+def test_a_manifest_may_declare_a_schedule_or_an_automation_condition(tmp_path):
+    write_manifest(
+        tmp_path / "s.yaml",
+        manifest_yaml("on_schedule", "raw_s", "out_s", tmp_path)
+        + 'dagster: {schedule: {cron: "*/15 * * * *", timezone: Europe/Paris}}\n',
+    )
+    write_manifest(
+        tmp_path / "a.yaml", manifest_yaml("on_automation", "raw_a", "out_a", tmp_path) + 'dagster: {automation: {on_cron: "0 * * * *"}}\n'
+    )
+    defs = build_definitions(tmp_path)
+    schedule = defs.resolve_schedule_def("on_schedule_schedule")
+    assert (schedule.cron_schedule, schedule.execution_timezone) == ("*/15 * * * *", "Europe/Paris")
+    graph = defs.resolve_asset_graph()
+    assert graph.get(AssetKey(["on_schedule"])).automation_condition is None
+    assert "on_cron(0 * * * *, UTC)" in str(graph.get(AssetKey(["on_automation"])).automation_condition.get_label())
+    assert defs.resolve_sensor_def("dpone_automation_sensor").default_status.value == "RUNNING"
+    with pytest.raises(ManifestError, match="dagster.schedule: .*not a cron expression"):
+        write_manifest(tmp_path / "bad.yaml", manifest_yaml("bad", "r", "o", tmp_path) + 'dagster: {schedule: {cron: "hourly"}}\n')
+        build_definitions(tmp_path)

@@ -21,6 +21,7 @@ from dagster import (
 )
 from dagster_pyspark import LazyPySparkResource
 
+from dpone_dagster.assets.automation import automation_condition
 from dpone_dagster.assets.partitions import is_closed, partition_settings, partitions_def_for, window_for_key
 from dpone_dagster.assets.retries import refuse_retry, tag_retry_budget
 from dpone_dagster.engine.locks import dagster_pool
@@ -89,6 +90,7 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None, 
             "manifest": str(manifest_path) if manifest_path else manifest.name,
         },
         partitions_def=partitions_def,
+        automation_condition=automation_condition(manifest),
         # Selecting checks alone runs them without materializing the asset.
         skippable=True,
     )

@@ -449,10 +449,39 @@ class RetryOptions(StrictModel):
     max_attempts: int = Field(default=3, ge=1)
 
 
+class ScheduleOptions(StrictModel):
+    """A Dagster schedule: at each cron tick, offsets mode runs whatever has arrived; time-window
+    mode requests every closed window (lateness passed) not materialized yet, like the sensor."""
+
+    cron: str = Field(min_length=1)
+    timezone: str = "UTC"
+    running_by_default: bool = False
+
+
+class AutomationOptions(StrictModel):
+    """Dagster declarative automation on the asset (evaluated by the daemon's automation sensor):
+    `on_cron` materializes once per cron tick, unless a run of it is in progress."""
+
+    on_cron: str = Field(min_length=1)
+    timezone: str = "UTC"
+
+
 class DagsterOptions(StrictModel):
     group_name: str = "dpone"
     sensor: SensorOptions = Field(default_factory=SensorOptions)
     retries: RetryOptions = Field(default_factory=RetryOptions)
+    schedule: ScheduleOptions | None = None
+    automation: AutomationOptions | None = None
+
+    @field_validator("schedule", "automation")
+    @classmethod
+    def _valid_cron(cls, value: Any) -> Any:
+        from dagster._utils.schedules import is_valid_cron_string
+
+        cron = getattr(value, "cron", None) or getattr(value, "on_cron", None)
+        if cron is not None and not is_valid_cron_string(cron):
+            raise ValueError(f"{cron!r} is not a cron expression (five fields, e.g. '*/15 * * * *')")
+        return value
 
 
 # --------------------------------------------------------------------------- manifest
