@@ -32,6 +32,7 @@ from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.quality.results import check_names
 from dpone_dagster.redact import redact_mapping, redact_text
 from dpone_dagster.resources.kafka import KafkaResource
+from dpone_dagster.resources.schema_registry import SchemaRegistryResource
 from dpone_dagster.sources.kafka import TimeWindow
 
 COMMITTED_OFFSETS = "dpone/committed_offsets"
@@ -107,7 +108,9 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None, 
         # The asset without some checks, or checks without the asset, as Dagster users select them.
         can_subset=True,
     )
-    def _materialize(context: AssetExecutionContext, pyspark: LazyPySparkResource, kafka: KafkaResource):
+    def _materialize(
+        context: AssetExecutionContext, pyspark: LazyPySparkResource, kafka: KafkaResource, schema_registry: SchemaRegistryResource
+    ):
         keys, windows = _partition_windows(context, manifest)
         selected = {k.name for k in context.selected_asset_check_keys}
         specs = [s for s in check_specs if s.name in selected]
@@ -118,6 +121,7 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None, 
             fallback_offsets=None if windows else last_committed_offsets(context, manifest),
             log=lambda message: context.log.info(redact_text(message)),
             kafka_config=kafka.client_config,
+            registry_config=schema_registry.config,
             checks=frozenset(selected),
             publish=publish,
         )

@@ -22,6 +22,7 @@ from dpone_dagster import columns as C
 from dpone_dagster.connections import redact_known_secrets, resolve_kafka, resolve_postgres
 from dpone_dagster.engine import time_windows
 from dpone_dagster.engine.bad_records import DeadLetters, handle_bad_records
+from dpone_dagster.engine.clients import RunClients
 from dpone_dagster.engine.locks import RunLock, run_locks
 from dpone_dagster.engine.offsets import OffsetStorage
 from dpone_dagster.engine.results import RunResult
@@ -59,6 +60,13 @@ class RunRequest:
     # Resolves a manifest block's connection to librdkafka settings (the Dagster Kafka resource
     # passes its own); defaults to the connections module.
     kafka_config: Callable[[Any], dict[str, Any]] | None = None
+    # Resolves a block's Schema Registry settings (the Dagster Schema Registry resource passes its
+    # own); defaults to the connections module.
+    registry_config: Callable[[Any], dict[str, Any] | None] | None = None
+
+    def clients(self) -> RunClients:
+        defaults = RunClients()
+        return RunClients(self.kafka_config or defaults.kafka_config, self.registry_config or defaults.registry_settings)
     # The quality checks to evaluate, by name (None: every check); the others are not evaluated.
     checks: frozenset[str] | None = None
     # False: judge the batch a run would publish now with the selected pre-publish checks and stop
@@ -72,7 +80,7 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
     run_id = request.run_id or uuid.uuid4().hex
     result = RunResult(run_id=run_id, pipeline=manifest.name)
     _refuse_unsupported(manifest)
-    store = open_manifest_state_store(manifest)
+    store = open_manifest_state_store(manifest, request.clients())
     locks = _lock(store, manifest)
     record = RunRecord(run_id=run_id, pipeline=manifest.name, status="running", started_at=utcnow())
     result.started_at = record.started_at.isoformat()
@@ -312,14 +320,14 @@ def _stage(result: RunResult, name: str, log: Log) -> Iterator[None]:
         log(f"{name}: {result.timings[name]}s")
 
 
-def open_manifest_state_store(manifest: Manifest) -> StateStore:
+def open_manifest_state_store(manifest: Manifest, clients: RunClients | None = None) -> StateStore:
     state = manifest.state
     if state.type == "kafka_control_topic":
         from dpone_dagster.replication.control_topic import ControlTopicStore, commit_group_of
 
         replication = manifest.sink.options.replication
         return ControlTopicStore(
-            resolve_kafka(manifest.sink).client_config(),
+            (clients or RunClients()).kafka(manifest.sink),
             replication.control_topic,
             commit_group_of(manifest),
             replication.transaction_timeout_ms,
@@ -341,10 +349,10 @@ class _PlannedRead:
 
 
 def _plan_kafka(
-    manifest: Manifest, request: RunRequest, store: StateStore, record: RunRecord, result: RunResult, kafka_config: Callable
+    manifest: Manifest, request: RunRequest, store: StateStore, record: RunRecord, result: RunResult, clients: RunClients
 ) -> _PlannedRead:
-    source_registry = _registry_config(manifest.source) if manifest.source.options.message_format != "json" else None
-    source = KafkaBatchSource(manifest, kafka_config(manifest.source), source_registry)
+    source_registry = clients.registry(manifest.source) if manifest.source.options.message_format != "json" else None
+    source = KafkaBatchSource(manifest, clients.kafka(manifest.source), source_registry)
     offsets = OffsetStorage(manifest, store, source.client_config, source.group_id)
     stored = offsets.load(request.fallback_offsets, manifest.name, record.run_id)
     # Windows materialized before read the offsets they recorded then (kafka/windows.py).
@@ -352,7 +360,7 @@ def _plan_kafka(
     result.lag_before = boundary.lag_before
     # A time window or a replaced slice is addressed by its bounds, not by a cursor.
     advance = boundary.method != "time_window" and manifest.sink.strategy.mode != "replace"
-    screen = time_windows.LateRecordScreen(source, result, kafka_config(manifest.sink)) if boundary.method == "time_window" else None
+    screen = time_windows.LateRecordScreen(source, result, clients.kafka(manifest.sink)) if boundary.method == "time_window" else None
 
     def commit(success: RunRecord) -> dict[int, int]:
         windows = None
@@ -393,16 +401,16 @@ def _run(
     result: RunResult,
 ) -> None:
     log = request.log
-    kafka_config = request.kafka_config or (lambda ref: resolve_kafka(ref).client_config())
-    sink_config = kafka_config(manifest.sink)
+    clients = request.clients()
+    sink_config = clients.kafka(manifest.sink)
     check_producer_settings(manifest, sink_config)  # the connection's and resource's overrides too
     if manifest.sink.options.delivery.mode == "exactly_once":
-        _run_replication(manifest, spark, request, store, record, result, kafka_config)
+        _run_replication(manifest, spark, request, store, record, result, clients)
         return
 
     with _stage(result, "plan", log):
         if isinstance(manifest.source, KafkaSource):
-            planned = _plan_kafka(manifest, request, store, record, result, kafka_config)
+            planned = _plan_kafka(manifest, request, store, record, result, clients)
         else:
             planned = _plan_sql(manifest, spark, store)
         result.boundary = planned.boundary.as_dict()
@@ -456,7 +464,7 @@ def _run(
             log("extract: no new records; nothing to produce")
         else:
             _shape_and_load(
-                manifest, staged, ctx, counts, letters, sink_config, planned.incremental, target_before, request.publish, result, log
+                manifest, staged, ctx, counts, letters, sink_config, clients, planned.incremental, target_before, request.publish, result, log
             )
     finally:
         if persisted is not None:
@@ -481,16 +489,16 @@ def _run_replication(
     store: StateStore,
     record: RunRecord,
     result: RunResult,
-    kafka_config: Callable,
+    clients: RunClients,
 ) -> None:
     """Exactly-once Kafka -> Kafka: each Spark task copies one source partition range and writes the
     new source offset to the control topic in the same transaction. Offsets live only there."""
     from dpone_dagster.replication.run import plan_replication, run_replication
 
     log = request.log
-    source_config, target_config = kafka_config(manifest.source), kafka_config(manifest.sink)
+    source_config, target_config = clients.kafka(manifest.source), clients.kafka(manifest.sink)
     mapping = manifest.sink.options.replication.schema_mapping
-    registries = (_registry_config(manifest.source), _registry_config(manifest.sink)) if mapping else (None, None)
+    registries = (clients.registry(manifest.source), clients.registry(manifest.sink)) if mapping else (None, None)
     plan = None
     target_before: dict[str, dict[int, int]] | None = None
     if manifest.quality.checks:
@@ -498,7 +506,7 @@ def _run_replication(
             # Gates read the planned ranges before any transaction begins; the replication copies
             # exactly these ranges (one plan from the gates to the commit).
             plan = plan_replication(manifest, source_config, target_config, log)
-            _replication_gates(manifest, spark, plan, source_config, result, log)
+            _replication_gates(manifest, spark, plan, source_config, clients, result, log)
     if not request.publish:
         _finish_checks_only(store, record, result, log)
         return
@@ -571,12 +579,14 @@ def _replication_reconciliation(
         )
 
 
-def _replication_gates(manifest: Manifest, spark: SparkSession, plan: Any, source_config: dict, result: RunResult, log: Log) -> None:
+def _replication_gates(
+    manifest: Manifest, spark: SparkSession, plan: Any, source_config: dict, clients: RunClients, result: RunResult, log: Log
+) -> None:
     """Decode the planned ranges (per source topic) and run the pre-publish gates on them."""
     from dpone_dagster.kafka.boundary import Boundary, PartitionRange
 
     frames = []
-    registry = _registry_config(manifest.source) if manifest.source.options.message_format != "json" else None
+    registry = clients.registry(manifest.source) if manifest.source.options.message_format != "json" else None
     for topic in sorted({p.topic for p in plan.planned}):
         ranges = tuple(PartitionRange(p.partition, p.start, p.end) for p in plan.planned if p.topic == topic)
         single = manifest.model_copy(update={"source": replace_topic(manifest.source, topic)})
@@ -606,6 +616,7 @@ def _shape_and_load(
     counts: dict[str, Any],
     letters: DeadLetters,
     sink_config: dict,
+    clients: RunClients,
     incremental: bool,
     target_before: dict[int, int] | None,
     publish: bool,
@@ -615,7 +626,7 @@ def _shape_and_load(
     release: list[DataFrame] = []  # frames persisted while shaping, kept until the producer is done
     try:
         with _stage(result, "shape", log):
-            messages, expected = _shape(manifest, staged, ctx, counts, letters, sink_config, incremental, result, release, log)
+            messages, expected = _shape(manifest, staged, ctx, counts, letters, sink_config, clients, incremental, result, release, log)
         if not publish:
             return
         # Every gate has passed: the run's output leaves the process, dead letters first.
@@ -757,6 +768,7 @@ def _shape(
     counts: dict[str, Any],
     letters: DeadLetters,
     sink_config: dict,
+    clients: RunClients,
     incremental: bool,
     result: RunResult,
     release: list[DataFrame],
@@ -806,7 +818,7 @@ def _shape(
         _pre_publish_gates(manifest, keyed, incremental, result, keyed_rows - removed, "published")
     if options.key.mode == "unique_key" and not shape.uses_dedupe(sink):
         keyed = shape.ordered_by_key(keyed)
-    registry = _registry_plan(manifest, keyed, result)
+    registry = _registry_plan(manifest, keyed, clients, result)
     messages = shape.to_messages(keyed, sink, ctx, registry)
     limit = int(producer_config(sink_config, options.delivery).get("message.max.bytes", 1_000_000))
     result.duplicates_removed = removed
@@ -871,23 +883,13 @@ def _writes_registry_format(manifest: Manifest) -> bool:
     return manifest.sink.options.message_format in REGISTRY_FORMATS
 
 
-def _registry_plan(manifest: Manifest, keyed: DataFrame, result: RunResult) -> Any:
+def _registry_plan(manifest: Manifest, keyed: DataFrame, clients: RunClients, result: RunResult) -> Any:
     """Schema evolution against the sink subject (registry formats); None for JSON sinks."""
     if not _writes_registry_format(manifest):
         result.schema_evolution = {"target": "no registry: the target side of schema evolution is a no-op"}
         return None
     from dpone_dagster.sinks.registry import plan_registry_write  # the registry clients: only when needed
     payload = StructType([f for f in keyed.schema.fields if f.name in C.payload_columns(keyed.columns) and f.name != shape.KEY])
-    plan = plan_registry_write(manifest, payload, _registry_config(manifest.sink))
+    plan = plan_registry_write(manifest, payload, clients.registry(manifest.sink))
     result.schema_evolution = plan.as_dict()
     return plan
-
-
-def _registry_config(block: Any) -> dict[str, Any]:
-    config = resolve_kafka(block).schema_registry_config()
-    if not config:
-        raise ConfigError(
-            f"connection {block.connection_id}: message_format {block.options.message_format} needs "
-            f"schema_registry_url ({block.connection_id.upper()}_SCHEMA_REGISTRY_URL)"
-        )
-    return config

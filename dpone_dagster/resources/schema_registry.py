@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 with warnings.catch_warnings():
     # confluent-kafka's registry client imports authlib's deprecated httpx integration.
@@ -23,10 +24,15 @@ class SchemaRegistryResource(ConfigurableResource):
 
     url: str | None = None
 
-    def client(self, ref: ConnectionRefLike) -> SchemaRegistryClient:
+    def config(self, ref: ConnectionRefLike) -> dict[str, Any] | None:
+        """The registry settings runs use for `ref`: the connection's, with this resource's url."""
         config = resolve_kafka(ref).schema_registry_config() or {}
         if self.url:
             config = {**config, "url": self.url}
+        return config or None
+
+    def client(self, ref: ConnectionRefLike) -> SchemaRegistryClient:
+        config = self.config(ref) or {}
         if not config.get("url"):
             raise ConfigError(
                 f"connection {ref.connection_id}: no schema_registry_url; set "
