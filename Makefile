@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test dagster lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	scripts/setup-test-env test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Webserver + daemon on the local PostgreSQL with the repository's dagster.yaml (scripts/dagster-local).
+dagster: $(STAMP)
+	scripts/dagster-local
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
