@@ -91,9 +91,7 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
         result.status = "failed"
         result.error = redact_known_secrets(str(exc))
         result.finished_at = utcnow().isoformat()
-        store.finish_run_failed(_record(record, result, "failed"))
-        _unlock(store, locks)
-        store.close()
+        _record_failure(store, locks, _record(record, result, "failed"), result, request.log)
         _export_metrics(manifest, result, request.log)
         _write_artifacts(manifest, result, request.log)
         error = exc if isinstance(exc, DponeError) else RunFailed(f"run {run_id} failed: {result.error}")
@@ -106,6 +104,20 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
     _export_metrics(manifest, result, request.log)
     _write_artifacts(manifest, result, request.log)
     return result
+
+
+def _record_failure(store: StateStore, locks: list[RunLock], failed: RunRecord, result: RunResult, log: Log) -> None:
+    """Mark the run failed and release its locks. When the store cannot (it may be what failed),
+    the run's own error stays the cause and the note says the failure went unrecorded."""
+    try:
+        store.finish_run_failed(failed)
+        _unlock(store, locks)
+    except Exception as exc:  # noqa: BLE001 - whatever the store raises, the run's error wins
+        note = f"state store: the failed run could not be recorded ({redact_known_secrets(str(exc))})"
+        result.notes.append(note)
+        log(note)
+    finally:
+        store.close()
 
 
 def _lock(store: StateStore, manifest: Manifest) -> list[RunLock]:

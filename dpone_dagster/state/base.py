@@ -20,6 +20,10 @@ class StateConflict(RunFailed):
     """The store refused a write that would break the run/offset rules; nothing was written."""
 
 
+class StateStoreLost(RunFailed):
+    """The connection to the state store was lost; the write in flight did not commit."""
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 

@@ -21,6 +21,7 @@ from psycopg2 import sql
 from dpone_dagster.state.base import (
     RunRecord,
     StateConflict,
+    StateStoreLost,
     check_offsets,
     check_windows,
     dumps,
@@ -98,8 +99,8 @@ class PostgresStateStore:
         self._watermarks = watermarks_table
         # Time windows' offset ranges: next to the offsets table unless named.
         self._windows = windows_table or (offsets_table[0], WINDOWS_TABLE)
-        kwargs = {"connect_timeout": 10, "application_name": "dpone-state", **connect_kwargs}
-        self._conn = psycopg2.connect(**kwargs)
+        self._connect_kwargs = {"connect_timeout": 10, "application_name": "dpone-state", **connect_kwargs}
+        self._conn = psycopg2.connect(**self._connect_kwargs)
         self._mutex = threading.RLock()  # one connection = one transaction at a time
         self._held: set[str] = set()
         try:
@@ -112,9 +113,22 @@ class PostgresStateStore:
 
     @contextmanager
     def _tx(self) -> Iterator[psycopg2.extensions.cursor]:
-        """One transaction: committed on success, rolled back on any exception."""
-        with self._mutex, self._conn, self._conn.cursor() as cur:
-            yield cur
+        """One transaction: committed on success, rolled back on any exception. A connection
+        lost on the way (server restart, terminated backend, network) is reported as such:
+        nothing of the transaction was committed."""
+        try:
+            with self._mutex, self._conn, self._conn.cursor() as cur:
+                yield cur
+        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+            if not self._conn.closed:
+                raise
+            self._held.clear()  # the server released the session's advisory locks with it
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StateStoreLost(
+                f"the state store connection to {self._summary['host']}:{self._summary['port']}/"
+                f"{self._summary['dbname']} was lost ({detail}); the transaction did not commit, so the "
+                "stored offsets and watermarks are unchanged: rerun once PostgreSQL is reachable"
+            ) from exc
 
     def _tables_exist(self) -> bool:
         names = [
@@ -338,6 +352,9 @@ class PostgresStateStore:
             self._mark_success(cur, record)
 
     def finish_run_failed(self, record: RunRecord) -> None:
+        if self._conn.closed:
+            # The failure may be the lost connection itself: record it on a new one.
+            self._conn = psycopg2.connect(**self._connect_kwargs)
         with self._tx() as cur:
             written = self._upsert_run(cur, finished(record, "failed"), only_if="status <> 'success'")
         if not written:

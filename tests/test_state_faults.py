@@ -1,0 +1,67 @@
+"""The state store fails for real in the middle of a run: its PostgreSQL connection is terminated
+from another session (pg_terminate_backend) just as the run commits. The run reports the lost
+state store as the cause, the stored offsets stay where the last good run left them, the failed
+run is still recorded, and the rerun completes (re-delivering the batch: at-least-once)."""
+
+from __future__ import annotations
+
+import psycopg2
+import pytest
+from conftest import consume_all, create_topic, produce_json, unique_topic
+
+from dpone_dagster.engine.run import RunRequest, open_manifest_state_store, run_pipeline
+from dpone_dagster.errors import RunFailed
+from dpone_dagster.manifest import parse_manifest
+from dpone_dagster.sources.kafka import default_group_id
+
+
+def manifest(src: str, dst: str) -> str:
+    return f"""
+name: state_fault
+source: {{type: kafka, connection_id: kafka_cluster, topic: {src}}}
+sink: {{type: kafka, connection_id: kafka_cluster, topic: {dst}, strategy: {{mode: incremental_append}}}}
+state: {{type: postgres, connection_id: postgres_state}}
+"""
+
+
+def terminate_state_connections(database: dict) -> int:
+    with psycopg2.connect(**database) as admin, admin.cursor() as cur:
+        cur.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'dpone-state' AND datname = %s",
+            (database["dbname"],),
+        )
+        return cur.fetchone()[0]
+
+
+def test_the_state_store_connection_killed_at_commit(broker, spark, kafka_env, pg_env, pg_database):
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("stfault"), unique_topic("stfault_out")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    m = parse_manifest(manifest(src, dst))
+    produce_json(bs, src, [{"i": i} for i in range(3)], partition=0)
+    assert run_pipeline(m, spark).committed_offsets == {0: 3}
+
+    produce_json(bs, src, [{"i": i} for i in range(3, 5)], partition=0)
+    killed: list[int] = []
+
+    def kill_at_commit(message: str) -> None:
+        if message == "commit: started":
+            killed.append(terminate_state_connections(pg_database))
+
+    with pytest.raises(RunFailed, match="state store connection .* was lost") as failure:
+        run_pipeline(m, spark, RunRequest(log=kill_at_commit))
+    assert killed and killed[0] >= 1
+    assert str(failure.value).startswith("the state store connection")  # the cause, not the failure handler's error
+
+    store = open_manifest_state_store(m)
+    try:
+        assert store.load_offsets(src, default_group_id(m)) == {0: 3}  # unchanged
+        assert [r.status for r in store.list_runs(m.name)][:2] == ["failed", "success"]
+    finally:
+        store.close()
+    assert sorted(r["value"]["i"] for r in consume_all(bs, dst)) == [0, 1, 2, 3, 4]  # delivered, not committed
+
+    rerun = run_pipeline(m, spark)
+    assert rerun.committed_offsets == {0: 5} and rerun.messages_produced == 2
+    assert sorted(r["value"]["i"] for r in consume_all(bs, dst)) == [0, 1, 2, 3, 3, 4, 4]  # at-least-once
