@@ -389,15 +389,19 @@ class ControlTopicStore:
         return None  # run history lives elsewhere (artifacts, Dagster); see the class docstring
 
     def finish_run_success(self, record: RunRecord, topic: str | None, group_id: str | None,
-                           offsets: dict[int, int] | None, watermark: dict[str, Any] | None = None) -> None:
-        if offsets:
-            raise self._read_only("finish_run_success with offsets")
+                           offsets: dict[int, int] | None, watermark: dict[str, Any] | None = None,
+                           windows: dict[str, dict[str, Any]] | None = None) -> None:
+        if offsets or windows:
+            raise self._read_only("finish_run_success with offsets or time windows")
 
     def finish_run_failed(self, record: RunRecord) -> None:
         return None
 
     def load_watermark(self, pipeline: str) -> dict[str, Any] | None:
         return None
+
+    def load_windows(self, topic: str, group_id: str) -> dict[str, dict[str, Any]]:
+        return {}  # replication reads offsets, never time windows
 
     def reset_offsets(self, topic: str, group_id: str, offsets: dict[int, int] | None) -> None:
         raise self._read_only("reset_offsets")
