@@ -65,3 +65,33 @@ def test_the_state_store_connection_killed_at_commit(broker, spark, kafka_env, p
     rerun = run_pipeline(m, spark)
     assert rerun.committed_offsets == {0: 5} and rerun.messages_produced == 2
     assert sorted(r["value"]["i"] for r in consume_all(bs, dst)) == [0, 1, 2, 3, 3, 4, 4]  # at-least-once
+
+
+def test_a_topic_recreated_with_fewer_partitions_fails_loudly(broker, spark, kafka_env, tmp_path):
+    """Stored offsets for a partition the topic no longer has: the run reads nothing and says why
+    (before, the planner dropped the partition and carried on)."""
+    from confluent_kafka.admin import AdminClient
+
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("shrunk"), unique_topic("shrunk_out")
+    create_topic(bs, src, 3)
+    create_topic(bs, dst, 1)
+    for partition in range(3):
+        produce_json(bs, src, [{"i": partition * 10 + i} for i in range(2)], partition=partition)
+    m = parse_manifest(manifest(src, dst).replace("state: {type: postgres, connection_id: postgres_state}", f"state: {{type: local, path: {tmp_path}}}"))
+    assert run_pipeline(m, spark).committed_offsets == {0: 2, 1: 2, 2: 2}
+
+    admin = AdminClient({"bootstrap.servers": bs})
+    admin.delete_topics([src])[src].result(timeout=30)
+    create_topic(bs, src, 2)
+    for partition in range(2):
+        produce_json(bs, src, [{"i": 100 + partition * 10 + i} for i in range(4)], partition=partition)
+
+    with pytest.raises(RunFailed, match=r"partition\(s\) \[2\] have stored offsets but no longer exist.*dpone state reset"):
+        run_pipeline(m, spark)
+    store = open_manifest_state_store(m)
+    try:
+        assert store.load_offsets(src, default_group_id(m)) == {0: 2, 1: 2, 2: 2}
+    finally:
+        store.close()
+    assert len(consume_all(bs, dst)) == 6  # nothing more was produced

@@ -88,6 +88,15 @@ def plan_offset_ranges(
     start_from: StartFrom,
 ) -> Boundary:
     """[start, high) per partition. `stored` holds the next offset to read per partition."""
+    vanished = sorted(set(stored) - set(watermarks)) if start_from == "stored" else []
+    if vanished:
+        # Stored progress for partitions the topic no longer has: the topic was recreated with
+        # fewer partitions (or replaced). Reading on would silently leave those records behind.
+        raise RunFailed(
+            f"{topic}: partition(s) {vanished} have stored offsets but no longer exist (the topic has "
+            f"{len(watermarks)} partition(s); was it deleted and recreated?); nothing was read. Check the "
+            "topic, then reset the state with `dpone state reset <manifest> --yes` to start it afresh"
+        )
     ranges: list[PartitionRange] = []
     notes: list[str] = []
     for partition in sorted(watermarks):
