@@ -95,3 +95,27 @@ def test_a_topic_recreated_with_fewer_partitions_fails_loudly(broker, spark, kaf
     finally:
         store.close()
     assert len(consume_all(bs, dst)) == 6  # nothing more was produced
+
+
+def test_two_processes_started_together_run_once(broker, tmp_path):
+    """Two real `dpone run` processes of one pipeline, started at the same moment on one state
+    store: exactly one runs, the other exits naming the lock holder; every record arrives once."""
+    import os
+    import subprocess
+    import sys
+
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("twice"), unique_topic("twice_out")
+    create_topic(bs, src, 2)
+    create_topic(bs, dst, 1)
+    for partition in range(2):
+        produce_json(bs, src, [{"i": partition * 10_000 + i} for i in range(3000)], partition=partition)
+    path = tmp_path / "twice.yaml"
+    path.write_text(manifest(src, dst).replace("state: {type: postgres, connection_id: postgres_state}", f"state: {{type: local, path: {tmp_path / 'state'}}}"))
+    env = {**os.environ, "KAFKA_CLUSTER_BOOTSTRAP_SERVERS": bs, "DPONE_SPARK_MASTER": "local[1]"}
+    command = [sys.executable, "-m", "dpone_dagster.cli", "run", str(path)]
+    procs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outcomes = sorted((p.wait(timeout=300), p.stdout.read()) for p in procs)
+    assert [code for code, _ in outcomes] == [0, 1], outcomes
+    assert "another run holds pipeline 'state_fault'" in outcomes[1][1]
+    assert sorted(r["value"]["i"] for r in consume_all(bs, dst)) == sorted(p * 10_000 + i for p in range(2) for i in range(3000))
