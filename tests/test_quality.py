@@ -21,7 +21,7 @@ from dpone_dagster.manifest.models import (
     UniqueCheck,
 )
 from dpone_dagster.quality.expectations import run_expectation, validate_expectation
-from dpone_dagster.quality.gates import partition_advance, run_post_publish, run_pre_publish
+from dpone_dagster.quality.gates import run_post_publish, run_pre_publish
 from dpone_dagster.quality.results import CheckResult, check_name, check_names, failed_gates
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
@@ -433,17 +433,6 @@ def test_source_target_count_offset_advance_rule():
     assert unmeasured.passed and "not measured" in unmeasured.description
     failing = only(run_post_publish(check, "warn", 10, 10, 10, {0: 1}))
     assert failing.severity == "warn" and failed_gates([failing]) == []
-
-
-def test_partition_advance_from_delivery_reports():
-    from dpone_dagster.kafka.delivery import PartitionDelivery
-
-    reports = [
-        {"partition": 0, "delivered": 5, "min_offset": 10, "max_offset": 14},
-        {"partition": 1, "delivered": 0, "min_offset": 0, "max_offset": 0},
-    ]
-    assert partition_advance(reports) == {0: 5}
-    assert partition_advance([PartitionDelivery(2, 3, 100, 103)]) == {2: 4}
 
 
 def test_great_expectations_leaves_nothing_persisted(spark):

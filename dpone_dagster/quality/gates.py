@@ -80,7 +80,6 @@ __all__ = [
     "POST_PUBLISH_TYPES",
     "SAMPLE_SIZE",
     "failed_gates",
-    "partition_advance",
     "run_post_publish",
     "run_pre_publish",
 ]
@@ -450,18 +449,3 @@ def run_post_publish(
             )
         )
     return results
-
-
-def partition_advance(sink_partitions: Iterable[Any]) -> dict[int, int]:
-    """Offset advance per sink partition (max_offset - min_offset + 1) from delivery reports.
-
-    Accepts `DeliveryStats.partitions` (PartitionDelivery) or `RunResult.sink_partitions` (dicts).
-    """
-    advance: dict[int, int] = {}
-    for p in sink_partitions:
-        get = p.get if isinstance(p, Mapping) else lambda key, _p=p: getattr(_p, key)
-        if not get("delivered"):
-            continue
-        partition = int(get("partition"))
-        advance[partition] = advance.get(partition, 0) + int(get("max_offset")) - int(get("min_offset")) + 1
-    return advance
