@@ -44,7 +44,7 @@ from dagster._core.storage.tags import PARTITION_NAME_TAG
 
 from dpone_dagster.assets.factory import source_asset_key
 from dpone_dagster.assets.partitions import partition_settings, partitions_def_for, window_for_key
-from dpone_dagster.assets.retries import RETRY_ON_FAILURE_TAG
+from dpone_dagster.assets.retries import RETRY_ON_FAILURE_TAG, WILL_RETRY_TAG
 from dpone_dagster.engine.lag import SourceLag, source_lag
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.resources.kafka import KafkaResource
@@ -60,7 +60,6 @@ class HasInstance(Protocol):
     def instance(self) -> DagsterInstance: ...
 PIPELINE_TAG = "dpone/pipeline"
 FINGERPRINT_TAG = "dpone/waiting_data"  # offsets mode: which stored offsets and watermarks a run was asked for
-WILL_RETRY_TAG = "dagster/will_retry"
 
 
 def build_source_sensor(manifest: Manifest) -> SensorDefinition | None:
@@ -105,7 +104,8 @@ def _observation(manifest: Manifest, lag: SourceLag) -> AssetObservation:
 def _offset_requests(
     context: SensorEvaluationContext, manifest: Manifest, lag: SourceLag, observation: AssetObservation
 ) -> SensorResult:
-    cursor = json.dumps(lag.as_dict()["high_watermarks"], sort_keys=True)
+    waiting = lag.as_dict()
+    cursor = json.dumps(waiting["high_watermarks"], sort_keys=True)
     if lag.new_messages < manifest.dagster.sensor.min_new_messages:
         return SensorResult(
             skip_reason=f"{lag.new_messages} new message(s) < min_new_messages "
@@ -115,7 +115,7 @@ def _offset_requests(
         )
     # The waiting data: unchanged until a run commits or new records arrive.
     fingerprint = hashlib.sha256(
-        json.dumps([lag.as_dict()["stored_offsets"], lag.as_dict()["high_watermarks"]], sort_keys=True).encode()
+        json.dumps([waiting["stored_offsets"], waiting["high_watermarks"]], sort_keys=True).encode()
     ).hexdigest()[:16]
     decision = _attempt(context, manifest, {FINGERPRINT_TAG: fingerprint}, f"{manifest.name}:{fingerprint}", datetime.now(UTC))
     if isinstance(decision, str):

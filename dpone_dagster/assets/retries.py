@@ -16,6 +16,8 @@ from dpone_dagster.manifest.models import Manifest
 
 MAX_RETRIES_TAG = "dagster/max_retries"
 RETRY_ON_FAILURE_TAG = "dagster/retry_on_asset_or_op_failure"
+# Set by Dagster when it records a failed run: whether the daemon will retry it.
+WILL_RETRY_TAG = "dagster/will_retry"
 
 
 def tag_retry_budget(context: AssetExecutionContext, manifest: Manifest) -> None:
@@ -26,5 +28,5 @@ def tag_retry_budget(context: AssetExecutionContext, manifest: Manifest) -> None
 
 
 def refuse_retry(context: AssetExecutionContext) -> None:
-    """This run failed on its data or its configuration: the daemon must not run it again."""
+    """This run failed on its data: the daemon must not run it again."""
     context.instance.add_run_tags(context.run_id, {RETRY_ON_FAILURE_TAG: "false"})

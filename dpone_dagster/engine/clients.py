@@ -16,24 +16,22 @@ from dpone_dagster.connections import resolve_kafka
 from dpone_dagster.errors import ConfigError
 
 
-def _connection_kafka(block: Any) -> dict[str, Any]:
-    return resolve_kafka(block).client_config()
-
-
-def _connection_registry(block: Any) -> dict[str, Any] | None:
-    return resolve_kafka(block).schema_registry_config()
-
-
 @dataclass(frozen=True)
 class RunClients:
-    kafka_config: Callable[[Any], dict[str, Any]] = _connection_kafka
-    registry_settings: Callable[[Any], dict[str, Any] | None] = _connection_registry
+    # Unset: the block's connection decides.
+    kafka_config: Callable[[Any], dict[str, Any]] | None = None
+    registry_config: Callable[[Any], dict[str, Any] | None] | None = None
 
     def kafka(self, block: Any) -> dict[str, Any]:
-        return self.kafka_config(block)
+        if self.kafka_config is not None:
+            return self.kafka_config(block)
+        return resolve_kafka(block).client_config()
 
     def registry(self, block: Any) -> dict[str, Any]:
-        config = self.registry_settings(block)
+        if self.registry_config is not None:
+            config = self.registry_config(block)
+        else:
+            config = resolve_kafka(block).schema_registry_config()
         if not config or not config.get("url"):
             raise ConfigError(
                 f"connection {block.connection_id}: message_format {block.options.message_format} needs "

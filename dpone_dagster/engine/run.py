@@ -34,7 +34,7 @@ from dpone_dagster.kafka.windows import record_of
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.manifest.rules import REGISTRY_FORMATS
 from dpone_dagster.quality.selection import select_checks
-from dpone_dagster.quality.target import end_offsets as target_end_offsets
+from dpone_dagster.quality.target import count_records, end_offsets, offset_advance
 from dpone_dagster.sources.kafka import KafkaBatchSource, TimeWindow
 from dpone_dagster.spark import shape
 from dpone_dagster.spark.kafka_reader import JSON_OK
@@ -63,15 +63,14 @@ class RunRequest:
     # Resolves a block's Schema Registry settings (the Dagster Schema Registry resource passes its
     # own); defaults to the connections module.
     registry_config: Callable[[Any], dict[str, Any] | None] | None = None
-
-    def clients(self) -> RunClients:
-        defaults = RunClients()
-        return RunClients(self.kafka_config or defaults.kafka_config, self.registry_config or defaults.registry_settings)
     # The quality checks to evaluate, by name (None: every check); the others are not evaluated.
     checks: frozenset[str] | None = None
     # False: judge the batch a run would publish now with the selected pre-publish checks and stop
     # there; nothing is produced (dead letters neither) and no offsets or watermarks move.
     publish: bool = True
+
+    def clients(self) -> RunClients:
+        return RunClients(self.kafka_config, self.registry_config)
 
 
 def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | None = None) -> RunResult:
@@ -433,7 +432,7 @@ def _run(
         ensure_sink_topic(sink_config, manifest.sink.topic, manifest.sink.options.create_topic)
         # Reconciliation reads the target: where its partitions end before this run writes.
         reconciles = any(c.type == "source_target_count" for c in manifest.quality.checks)
-        target_before = target_end_offsets(sink_config, manifest.sink.topic) if reconciles else None
+        target_before = end_offsets(sink_config, manifest.sink.topic) if reconciles else None
 
     persisted: DataFrame | None = None  # what to unpersist; `staged` is the view of it in use
     extracted = None
@@ -556,8 +555,6 @@ def _run_replication(
 def _target_ends(config: dict, topics: Any, existing: set[str]) -> dict[str, dict[int, int]]:
     """Committed end offsets (read_committed) of each target topic; a topic the run will create
     starts empty."""
-    from dpone_dagster.quality.target import end_offsets
-
     return {t: end_offsets(config, t, transactional=True) if t in existing else {} for t in sorted(set(topics))}
 
 
@@ -568,7 +565,6 @@ def _replication_reconciliation(
     against what the target topics committed (read_committed). The records were committed with
     their offsets, so a failure cannot hold the state back: it fails the run to raise the alarm."""
     from dpone_dagster.quality.gates import failed_gates, run_post_publish
-    from dpone_dagster.quality.target import count_records, end_offsets, offset_advance
 
     checks = manifest.quality.checks
     exclusive = any(c.type == "source_target_count" and c.exclusive_target for c in checks)
@@ -734,7 +730,6 @@ def _post_publish_gates(
     and after producing; with exclusive_target the records in between); in fail mode a mismatch
     stops the state from advancing."""
     from dpone_dagster.quality.gates import failed_gates, run_post_publish
-    from dpone_dagster.quality.target import count_records, end_offsets, offset_advance
 
     quality = manifest.quality
     if not any(c.type == "source_target_count" for c in quality.checks):

@@ -36,10 +36,9 @@ def is_time_window(manifest: Manifest) -> bool:
 
 def load_recorded(manifest: Manifest, store: StateStore) -> Recorded:
     """The offset ranges earlier runs of the manifest's windows recorded ({} for other reads)."""
-    load = getattr(store, "load_windows", None)  # the replication control topic records no windows
-    if not is_time_window(manifest) or load is None:
+    if not is_time_window(manifest):
         return {}
-    return load(manifest.source.topic, default_group_id(manifest))
+    return store.load_windows(manifest.source.topic, default_group_id(manifest))
 
 
 class LateRecordScreen:
