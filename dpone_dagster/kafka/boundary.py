@@ -42,6 +42,8 @@ class Boundary:
     windows: tuple[dict, ...] = field(default_factory=tuple)
     # Offsets waiting before max_records capped the ranges (None: nothing was capped).
     backlog: int | None = None
+    # on_retention_gap warn: per partition, the records retention removed before they were read.
+    lost_to_retention: tuple[tuple[int, int], ...] = ()
 
     @property
     def lag_before(self) -> int:
@@ -64,6 +66,7 @@ class Boundary:
             "offsets_in_range": self.total,
             "notes": list(self.notes),
             **({"windows": list(self.windows)} if self.windows else {}),
+            **({"lost_to_retention": dict(self.lost_to_retention)} if self.lost_to_retention else {}),
         }
 
 
@@ -86,8 +89,12 @@ def plan_offset_ranges(
     watermarks: dict[int, Watermarks],
     stored: dict[int, int],
     start_from: StartFrom,
+    on_retention_gap: Literal["fail", "warn"] = "fail",
 ) -> Boundary:
-    """[start, high) per partition. `stored` holds the next offset to read per partition."""
+    """[start, high) per partition. `stored` holds the next offset to read per partition.
+
+    A stored offset below the log start (retention removed records never read) fails the run,
+    or with on_retention_gap warn starts at the log start and says how many records were lost."""
     vanished = sorted(set(stored) - set(watermarks)) if start_from == "stored" else []
     if vanished:
         # Stored progress for partitions the topic no longer has: the topic was recreated with
@@ -99,6 +106,7 @@ def plan_offset_ranges(
         )
     ranges: list[PartitionRange] = []
     notes: list[str] = []
+    lost: list[tuple[int, int]] = []
     for partition in sorted(watermarks):
         wm = watermarks[partition]
         if start_from == "latest":
@@ -106,11 +114,18 @@ def plan_offset_ranges(
         elif start_from == "stored" and partition in stored:
             start = stored[partition]
             if start < wm.low:
-                raise RunFailed(
+                gap = (
                     f"{topic}[{partition}]: stored offset {start} is below the log start offset {wm.low} "
-                    f"(retention removed {wm.low - start} records that were never read); rewind with "
-                    f"`dpone state reset <manifest> --to earliest --yes` to accept the gap"
+                    f"(retention removed {wm.low - start} records that were never read)"
                 )
+                if on_retention_gap == "fail":
+                    raise RunFailed(
+                        f"{gap}; nothing was read. Set source.options.on_retention_gap: warn to read on from "
+                        "the log start, or rewind with `dpone state reset <manifest> --to earliest --yes`"
+                    )
+                notes.append(f"warning: {gap}; reading on from the log start")
+                lost.append((partition, wm.low - start))
+                start = wm.low
             if start > wm.high:
                 raise RunFailed(
                     f"{topic}[{partition}]: stored offset {start} is beyond the high watermark {wm.high} "
@@ -121,7 +136,7 @@ def plan_offset_ranges(
             if start_from == "stored":
                 notes.append(f"partition {partition}: nothing stored, starting from earliest ({wm.low})")
         ranges.append(PartitionRange(partition, start, wm.high))
-    return Boundary(topic, "offsets", tuple(ranges), tuple(notes))
+    return Boundary(topic, "offsets", tuple(ranges), tuple(notes), lost_to_retention=tuple(lost))
 
 
 def cap_total_records(boundary: Boundary, max_records: int) -> Boundary:
@@ -146,7 +161,9 @@ def cap_total_records(boundary: Boundary, max_records: int) -> Boundary:
                 next_open.append(r)
         open_ranges = next_open
     ranges = tuple(PartitionRange(r.partition, r.start, r.start + sizes[r.partition]) for r in boundary.ranges)
-    return Boundary(boundary.topic, "max_records", ranges, boundary.notes, backlog=boundary.total)
+    return Boundary(
+        boundary.topic, "max_records", ranges, boundary.notes, backlog=boundary.total, lost_to_retention=boundary.lost_to_retention
+    )
 
 
 def split_into_tasks(boundary: Boundary, records_per_task: int) -> list[ReadTask]:

@@ -84,8 +84,9 @@ class TimeWindowPartitions(StrictModel):
     # and counted as late_records (next_window), sent to source.options.dead_letter.topic with the
     # run's output (dead_letter), or the run fails before publishing (fail).
     late_records: Literal["next_window", "dead_letter", "fail"] = "next_window"
-    # What to do when a window starts before the log start offset (retention removed records).
-    on_retention_gap: Literal["fail", "warn"] = "fail"
+    # What to do when a window starts before the log start offset (retention removed records);
+    # unset: source.options.on_retention_gap.
+    on_retention_gap: Literal["fail", "warn"] | None = None
 
 
 class DeadLetterOptions(StrictModel):
@@ -128,6 +129,10 @@ class KafkaSourceOptions(StrictModel):
     # or skip it; every bad record is counted either way.
     on_error: Literal["fail", "dead_letter", "skip"] = "fail"
     dead_letter: DeadLetterOptions | None = None
+    # Stored offsets (or a time window) below the log start offset: retention removed records
+    # that were never read. fail: the run stops before reading, with the fix; warn: it reads from
+    # the log start and reports how many records were lost, per partition, in its notes.
+    on_retention_gap: Literal["fail", "warn"] = "fail"
 
     @model_validator(mode="after")
     def _late_records_need_a_topic(self) -> KafkaSourceOptions:
@@ -137,6 +142,12 @@ class KafkaSourceOptions(StrictModel):
                 "(or use late_records: next_window or fail)"
             )
         return self
+
+    @property
+    def retention_gap_policy(self) -> Literal["fail", "warn"]:
+        """The time-window setting when given, else the source's."""
+        window = self.partitions.on_retention_gap if self.partitions else None
+        return window or self.on_retention_gap
 
 
 class KafkaSource(ConnectionRef):

@@ -109,7 +109,7 @@ class KafkaBatchSource:
             start_from = self.options.start_from
             if strategy in ("full_refresh", "replace"):
                 start_from = "earliest" if start_from == "stored" else start_from
-            boundary = plan_offset_ranges(self.topic, watermarks, stored, start_from)
+            boundary = plan_offset_ranges(self.topic, watermarks, stored, start_from, self.options.retention_gap_policy)
             if self.options.read_mode == "max_records":
                 assert self.options.max_records is not None
                 boundary = cap_total_records(boundary, self.options.max_records)
@@ -160,13 +160,12 @@ class KafkaBatchSource:
                 gaps.add(p)
         if not gaps:
             return []
-        settings = self.options.partitions
         message = (
             f"window starting {window.start.isoformat()} is older than the oldest retained record of "
             f"'{self.topic}' partitions {sorted(gaps)} (retention removed records); the window may be incomplete"
         )
-        if settings is None or settings.on_retention_gap == "fail":
-            raise RunFailed(message + "; set source.options.partitions.on_retention_gap: warn to run it anyway")
+        if self.options.retention_gap_policy == "fail":
+            raise RunFailed(message + "; set source.options.on_retention_gap: warn to run it anyway")
         return [f"warning: {message}"]
 
     def late_records(self, spark: SparkSession, boundary: Boundary) -> dict[str, int]:
