@@ -29,12 +29,14 @@ from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.kafka.inspect import make_consumer, topic_partitions, verified_watermarks
 from dpone_dagster.manifest.models import KafkaSource, Manifest, TopicCreation
 from dpone_dagster.spark.kafka_writer import ProducerSettings, produce
+from dpone_dagster.spark.shape import message_size
 
 HEADER_TYPE = "array<struct<key:string,value:binary>>"
 H_PIPELINE = "dpone.error.pipeline"
 H_TOPIC = "dpone.error.source.topic"
 H_PARTITION = "dpone.error.source.partition"
 H_OFFSET = "dpone.error.source.offset"
+H_VALUE_OMITTED = "dpone.error.value_omitted"
 # Letters are looked for from the oldest bad record's timestamp on, less this allowance for clocks
 # of source producers running ahead of the clock that stamped the letters.
 CLOCK_SKEW_MS = 15 * 60 * 1000
@@ -75,19 +77,20 @@ class DeadLetters:
             done = rows.sparkSession.createDataFrame(sorted(published), "partition int, offset long")
             rows = rows.join(done, on=["partition", "offset"], how="left_anti")
         todo = self.count - _overlap(bad, published)
-        letters = rows.select(
-            F.col("key"),
-            F.col("value"),
-            F.concat(F.coalesce(F.col("headers"), F.array().cast(HEADER_TYPE)), _error_headers(self.manifest, result)).alias(
-                "headers"
-            ),
-            F.lit(-1).cast("int").alias("partition"),
-        )
         delivery = self.manifest.sink.options.delivery
-        stats = produce(
-            letters,
-            ProducerSettings(options.topic, tuple(producer_config(self.sink_config, delivery).items()), delivery.flush_timeout_s),
+        config = producer_config(self.sink_config, delivery)
+        letters = _fit_letters(
+            rows.select(
+                F.col("key"),
+                F.col("value"),
+                F.concat(F.coalesce(F.col("headers"), F.array().cast(HEADER_TYPE)), _error_headers(self.manifest, result)).alias(
+                    "headers"
+                ),
+                F.lit(-1).cast("int").alias("partition"),
+            ),
+            int(config.get("message.max.bytes", 1_000_000)),
         )
+        stats = produce(letters, ProducerSettings(options.topic, tuple(config.items()), delivery.flush_timeout_s))
         if not stats.ok or stats.delivered != todo:
             raise RunFailed(
                 f"dead-lettering {todo} record(s) to '{options.topic}' failed ({stats.delivered} acknowledged; "
@@ -128,6 +131,22 @@ def handle_bad_records(
     else:
         result.rows_skipped += count
     result.notes.append(f"{count} {what}: {'sent to ' + source.options.dead_letter.topic if policy == 'dead_letter' else 'skipped'}")
+
+
+def _fit_letters(letters: DataFrame, limit: int) -> DataFrame:
+    """A letter over message.max.bytes (a record that was bad for being too large, say) keeps its
+    key, headers and source coordinates, and carries an empty value with the header
+    dpone.error.value_omitted (the original value's bytes): the record itself stays readable in
+    the source topic at the offset the headers name. Without this it could never be dead-lettered."""
+    size = message_size(F.col("key"), F.octet_length("value"), F.col("headers"))
+    omitted = F.struct(F.lit(H_VALUE_OMITTED).alias("key"), F.octet_length("value").cast("string").cast("binary").alias("value"))
+    too_large = size > F.lit(limit)
+    return letters.select(
+        "key",
+        F.when(too_large, F.lit(b"")).otherwise(F.col("value")).alias("value"),
+        F.when(too_large, F.concat(F.col("headers"), F.array(omitted))).otherwise(F.col("headers")).alias("headers"),
+        "partition",
+    )
 
 
 def _error_headers(manifest: Manifest, result: RunResult) -> Any:
