@@ -284,8 +284,11 @@ def _write_artifacts(manifest: Manifest, result: RunResult, log: Log) -> None:
         run_dir = write_run_artifact(artifacts.path, result.as_dict(), plan, result.gates)
         write_metrics(artifacts.path, result.run_id, build_metrics(result.as_dict(), result.lag_before, result.lag_after))
         log(f"artifacts: {run_dir}")
-    except Exception as exc:  # an artifact must never turn a delivered run into a failed one
-        log(f"artifacts: could not be written: {exc}")
+    except Exception as exc:  # noqa: BLE001 - an artifact never turns a delivered run into a failed one
+        # Written after the commit: the data and offsets are already safe; say so, loudly.
+        note = f"artifacts: could not be written to {artifacts.path} ({redact_known_secrets(str(exc))}); the run's data and offsets are unaffected"
+        result.notes.append(note)
+        log(note)
 
 
 def resolve_connections(manifest: Manifest) -> None:
