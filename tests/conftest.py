@@ -273,3 +273,41 @@ def consume_all(bootstrap: str, topic: str, timeout_s: float = 20.0) -> list[dic
 def write_manifest(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+# --------------------------------------------------------------------------- fault outcomes
+
+
+@pytest.fixture
+def fault_outcome(request) -> Any:
+    """Record what a fault test measured (records lost, duplicated, recovered by the rerun) as one
+    JSON line in $DPONE_FAULT_REPORT, for scripts/reliability-report; a no-op when it is unset."""
+
+    def record(fault: str, behaviour: str, *, lost: int, duplicated: int, recovered: bool, measured: str) -> None:
+        path = os.environ.get("DPONE_FAULT_REPORT")
+        if not path:
+            return
+        row = {
+            "test": request.node.nodeid,
+            "fault": fault,
+            "behaviour": behaviour,
+            "lost": lost,
+            "duplicated": duplicated,
+            "recovered": recovered,
+            "measured": measured,
+        }
+        with open(path, "a") as handle:
+            handle.write(json.dumps(row) + "\n")
+
+    return record
+
+
+def target_high_watermarks(bootstrap: str, topic: str) -> int:
+    """Sum of the partitions' high watermarks (a cheap 'has anything arrived' probe; the embedded
+    broker may under-report it, never over-report)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex[:6]}"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions)
+    finally:
+        consumer.close()
