@@ -27,8 +27,8 @@ from dpone_dagster import columns as C
 from dpone_dagster.connections import JdbcConnection
 from dpone_dagster.errors import ConfigError, RunFailed
 from dpone_dagster.manifest.models import Manifest
-from dpone_dagster.sources import sql_text as T
 from dpone_dagster.sources.sql import SqlBatchSource, SqlBoundary, read_bcp_file
+from dpone_dagster.sources.sql import text as T
 
 PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres"}
 MARIADB = {"host": "127.0.0.1", "port": 3306, "user": "root"}

@@ -12,7 +12,7 @@ from decimal import Decimal
 
 import pytest
 
-from dpone_dagster.sources import sql_text as T
+from dpone_dagster.sources.sql import text as T
 
 ORDERS = T.Table("dbo", "orders")
 
