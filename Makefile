@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test dagster lint clean
+.PHONY: install demo test dagster reliability lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	scripts/setup-test-env test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The fault suite (tests marked `faults`), rewriting docs/reliability.md from what it measured.
+reliability: $(STAMP)
+	scripts/setup-test-env test
+	$(BIN)/python scripts/reliability_report.py
 
 # Webserver + daemon on the local PostgreSQL with the repository's dagster.yaml (scripts/dagster-local).
 dagster: $(STAMP)

@@ -339,6 +339,79 @@ def test_retention_gap_in_a_run(broker, spark, kafka_env, pg_env, monkeypatch, f
     )
 
 
+# --------------------------------------------------------------------------- 6. topic changes shape
+
+
+def recreate_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept referenced until the result arrives
+    admin.delete_topics([topic])[topic].result(timeout=30)
+    create_topic(bootstrap, topic, partitions)
+
+
+def test_partitions_added_are_read_from_their_start(broker, spark, kafka_env, pg_env, fault_outcome):
+    """Stored offsets cover partitions 0 and 1; the topic now has a partition 2 as well (recreated
+    with three: the embedded broker refuses CreatePartitions). Partition 2 is read from offset 0."""
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("grown"), unique_topic("grown_out")
+    create_topic(bs, src, 2)
+    create_topic(bs, dst, 1)
+    for p in range(2):
+        produce_json(bs, src, [{"i": p * 100 + i} for i in range(2)], partition=p)
+    m = parse_manifest(manifest("fault_grown", src, dst))
+    assert run_pipeline(m, spark).committed_offsets == {0: 2, 1: 2}
+
+    recreate_topic(bs, src, 3)
+    for p in range(2):  # the same two records again, then a new one: offsets 0..2
+        produce_json(bs, src, [{"i": p * 100 + i} for i in range(3)], partition=p)
+    produce_json(bs, src, [{"i": 200 + i} for i in range(4)], partition=2)
+    result = run_pipeline(m, spark)
+    assert result.committed_offsets == {0: 3, 1: 3, 2: 4}
+    assert sorted(r["value"]["i"] for r in consume_all(bs, dst)) == [0, 1, 2, 100, 101, 102, 200, 201, 202, 203]
+    fault_outcome(
+        "6a. Partitions added to the source topic",
+        "New partitions are read from their first offset; the others from their stored offsets",
+        lost=0,
+        duplicated=0,
+        recovered=True,
+        measured="stored {0: 2, 1: 2}; partition 2 (4 records) read from 0; committed {0: 3, 1: 3, 2: 4}",
+    )
+
+
+def test_topic_recreated_behind_the_stored_offsets_fails_loudly(broker, spark, kafka_env, pg_env, tmp_path, fault_outcome):
+    """The topic was deleted and recreated: its offsets now end before the stored ones. The run
+    reads nothing and names the fix; the stored offsets stay; after `dpone state reset` it runs."""
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("reborn"), unique_topic("reborn_out")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    produce_json(bs, src, [{"i": i} for i in range(5)], partition=0)
+    m = parse_manifest(manifest("fault_reborn", src, dst))
+    assert run_pipeline(m, spark).committed_offsets == {0: 5}
+
+    recreate_topic(bs, src, 1)
+    produce_json(bs, src, [{"i": 10 + i} for i in range(2)], partition=0)
+    with pytest.raises(RunFailed, match=r"stored offset 5 is beyond the high watermark 2 .*dpone state reset"):
+        run_pipeline(m, spark)
+    assert stored_offsets(m) == {0: 5} and len(consume_raw(bs, dst)) == 5
+
+    path = tmp_path / "reborn.yaml"
+    path.write_text(manifest("fault_reborn", src, dst))
+    reset = subprocess.run([sys.executable, "-m", "dpone_dagster.cli", "state", "reset", str(path), "--yes"], capture_output=True, text=True)
+    assert reset.returncode == 0, reset.stderr
+    assert run_pipeline(m, spark).committed_offsets == {0: 2}
+    assert sorted(r["value"]["i"] for r in consume_all(bs, dst)) == [0, 1, 2, 3, 4, 10, 11]
+    fault_outcome(
+        "6c. Source topic deleted and recreated (offsets behind the stored ones)",
+        "The run fails before reading, naming `dpone state reset`; stored offsets unchanged; after the reset the new topic is read from its start",
+        lost=0,
+        duplicated=0,
+        recovered=True,
+        measured="stored {0: 5}, new high watermark 2: run refused, 0 produced; after reset 2 records delivered",
+    )
+
+
 # --------------------------------------------------------------------------- 7. registry gone
 
 
