@@ -100,9 +100,9 @@ def test_incremental_merge_keep_last_emits_one_upsert_per_key(broker, spark, kaf
 def test_keep_last_across_partitions_by_either_plan(broker, spark, kafka_env, tmp_path, monkeypatch, broadcast_keys):
     """Duplicated keys are resolved with a broadcast of the winners, or beyond the limit by a sort
     of the whole batch; both keep the newest record per key, with keys spread over partitions."""
-    import dpone_dagster.engine.run as engine_run
+    import dpone_dagster.engine.stages.shape as shape_stage
 
-    monkeypatch.setattr(engine_run, "BROADCAST_DEDUPE_KEYS", broadcast_keys)
+    monkeypatch.setattr(shape_stage, "BROADCAST_DEDUPE_KEYS", broadcast_keys)
     bs = broker.bootstrap_servers
     src, dst = unique_topic("src"), unique_topic("dst")
     create_topic(bs, src, 3)

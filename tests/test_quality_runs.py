@@ -13,7 +13,7 @@ from dagster import AssetKey, DagsterInstance, materialize
 from dagster_pyspark import LazyPySparkResource
 
 from dpone_dagster.assets.factory import build_manifest_asset
-from dpone_dagster.engine import run as engine_run
+from dpone_dagster.engine.stages import load as load_stage
 from dpone_dagster.engine.run import run_pipeline
 from dpone_dagster.errors import RunFailed
 from dpone_dagster.kafka.delivery import DeliveryStats
@@ -131,13 +131,13 @@ def test_source_target_count_catches_a_delivery_mismatch(broker, spark, topics, 
     """The broker acknowledges everything it is sent, so the mismatch is injected by wrapping the
     real producer's statistics (one acknowledged message fewer)."""
     src, dst = topics
-    real_produce = engine_run.produce
+    real_produce = load_stage.produce
 
     def short_produce(messages, settings):
         stats = real_produce(messages, settings)
         return DeliveryStats(stats.delivered - 1, 0, stats.tombstones, stats.bytes, stats.partitions, stats.errors)
 
-    monkeypatch.setattr(engine_run, "produce", short_produce)
+    monkeypatch.setattr(load_stage, "produce", short_produce)
     quality = "  mode: fail\n  checks:\n    - {type: source_target_count, tolerance_pct: 1}"
     text = manifest(src, dst, quality, f"state: {{type: local, path: {tmp_path}}}")
     with pytest.raises(RunFailed, match=r"reconciliation failed .*source_target_count") as caught:

@@ -1,0 +1,173 @@
+"""Exactly-once Kafka → Kafka (delivery: exactly_once with replication:): the gates read the
+planned ranges, each Spark task copies one source partition range and writes the new source
+offset to the control topic in the same transaction (replication/), then reconciliation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import SparkSession
+
+from dpone_dagster.engine.clients import RunClients
+from dpone_dagster.engine.request import RunRequest
+from dpone_dagster.engine.results import RunResult
+from dpone_dagster.engine.stages.commit import finish_checks_only, run_record
+from dpone_dagster.engine.stages.gates import pre_publish_gates
+from dpone_dagster.engine.stages.timing import Log, stage
+from dpone_dagster.errors import RunFailed
+from dpone_dagster.manifest.models import KafkaSource, Manifest
+from dpone_dagster.quality.target import count_records, end_offsets, offset_advance
+from dpone_dagster.sources.kafka import KafkaBatchSource
+from dpone_dagster.state.base import RunRecord, StateStore, utcnow
+
+
+def replicate(
+    manifest: Manifest,
+    spark: SparkSession,
+    request: RunRequest,
+    store: StateStore,
+    record: RunRecord,
+    result: RunResult,
+    clients: RunClients,
+) -> None:
+    """Exactly-once Kafka -> Kafka: each Spark task copies one source partition range and writes the
+    new source offset to the control topic in the same transaction. Offsets live only there."""
+    from dpone_dagster.replication.run import plan_replication, run_replication
+
+    log = request.log
+    source_config, target_config = clients.kafka(manifest.source), clients.kafka(manifest.sink)
+    mapping = manifest.sink.options.replication.schema_mapping
+    registries = (
+        (clients.registry(manifest.source), clients.registry(manifest.sink)) if mapping else (None, None)
+    )
+    plan = None
+    target_before: dict[str, dict[int, int]] | None = None
+    if manifest.quality.checks:
+        with stage(result, "quality_pre", log):
+            # Gates read the planned ranges before any transaction begins; the replication copies
+            # exactly these ranges (one plan from the gates to the commit).
+            plan = plan_replication(manifest, source_config, target_config, log)
+            _replication_gates(manifest, spark, plan, source_config, clients, result, log)
+    if not request.publish:
+        finish_checks_only(store, record, result, log)
+        return
+    if plan is not None and any(c.type == "source_target_count" for c in manifest.quality.checks):
+        target_before = _target_ends(target_config, plan.targets.values(), set(plan.target_partitions))
+    planned_rows = result.rows_extracted
+    with stage(result, "replicate", log):
+        replicated = run_replication(
+            manifest, spark, source_config, target_config, result.run_id, log, None, *registries, plan=plan
+        )
+    result.rows_extracted = result.messages_produced = replicated.records
+    result.bytes_produced = replicated.bytes
+    result.notes.extend(replicated.notes)
+    result.executors = sorted({p.executor for p in replicated.partitions if p.executor})
+    result.boundary = {
+        "method": "replication",
+        "control_topic": replicated.control_topic,
+        "commit_group": replicated.commit_group,
+        "targets": replicated.targets,
+        "partitions": replicated.committed_ranges,
+    }
+    offsets = replicated.committed_offsets
+    if len(offsets) == 1:
+        result.committed_offsets = dict(next(iter(offsets.values())))
+    if target_before is not None:
+        with stage(result, "quality_post", log):
+            _replication_reconciliation(
+                manifest, target_config, target_before, planned_rows, replicated.records, result
+            )
+    with stage(result, "commit", log):
+        # The offsets were committed with the records; only the run row is written here.
+        result.status = "success"
+        result.finished_at = utcnow().isoformat()
+        store.finish_run_success(run_record(record, result, "success"), None, None, None)
+
+
+def _target_ends(config: dict, topics: Any, existing: set[str]) -> dict[str, dict[int, int]]:
+    """Committed end offsets (read_committed) of each target topic; a topic the run will create
+    starts empty."""
+    return {
+        t: end_offsets(config, t, transactional=True) if t in existing else {} for t in sorted(set(topics))
+    }
+
+
+def _replication_reconciliation(
+    manifest: Manifest,
+    config: dict,
+    before: dict[str, dict[int, int]],
+    planned_rows: int,
+    copied: int,
+    result: RunResult,
+) -> None:
+    """source_target_count of a replication: the rows the gates read from the planned ranges
+    against what the target topics committed (read_committed). The records were committed with
+    their offsets, so a failure cannot hold the state back: it fails the run to raise the alarm."""
+    from dpone_dagster.quality.gates import failed_gates, run_post_publish
+
+    checks = manifest.quality.checks
+    exclusive = any(c.type == "source_target_count" and c.exclusive_target for c in checks)
+    advance: dict[Any, int] = {}
+    held = 0
+    for topic, start in before.items():
+        after = end_offsets(config, topic, transactional=True)
+        # Each committed transaction leaves a marker offset: the advance exceeds the records.
+        advance.update({(topic, p): n for p, n in offset_advance(start, after).items()})
+        if exclusive:
+            held += count_records(config, topic, start, after, transactional=True)
+    gates = run_post_publish(
+        checks,
+        manifest.quality.mode,
+        planned_rows,
+        planned_rows,
+        copied,
+        advance,
+        held if exclusive else None,
+    )
+    result.gates.extend(g.as_dict() for g in gates)
+    blocking = failed_gates(gates)
+    if blocking:
+        raise RunFailed(
+            "reconciliation failed after the replication committed (records and source offsets are "
+            "committed together, so the next run starts after them; inspect the target): "
+            + "; ".join(f"{g.name}: {g.description}" for g in blocking)
+        )
+
+
+def _replication_gates(
+    manifest: Manifest,
+    spark: SparkSession,
+    plan: Any,
+    source_config: dict,
+    clients: RunClients,
+    result: RunResult,
+    log: Log,
+) -> None:
+    """Decode the planned ranges (per source topic) and run the pre-publish gates on them."""
+    from dpone_dagster.kafka.boundary import Boundary, PartitionRange
+
+    frames = []
+    registry = clients.registry(manifest.source) if manifest.source.options.message_format != "json" else None
+    for topic in sorted({p.topic for p in plan.planned}):
+        ranges = tuple(PartitionRange(p.partition, p.start, p.end) for p in plan.planned if p.topic == topic)
+        single = manifest.model_copy(update={"source": replace_topic(manifest.source, topic)})
+        extracted = KafkaBatchSource(single, source_config, registry).extract(
+            spark, Boundary(topic, "offsets", ranges), log
+        )
+        frames.append(extracted.df)
+    if not frames:
+        return
+    staged = frames[0]
+    for frame in frames[1:]:
+        staged = staged.unionByName(frame, allowMissingColumns=True)
+    staged = staged.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        result.rows_extracted = staged.count()
+        pre_publish_gates(manifest, staged, True, result, result.rows_extracted)
+    finally:
+        staged.unpersist()
+
+
+def replace_topic(source: KafkaSource, topic: str) -> KafkaSource:
+    return source.model_copy(update={"topic": topic, "topics": None, "topic_pattern": None})

@@ -1,0 +1,7 @@
+"""The stages of a run, in the order engine/run.py calls them:
+
+plan (boundary.py) → extract (extract.py) → bad records (bad_records.py) → gates (gates.py) →
+shape (shape.py) → load (load.py) → reconcile (reconcile.py) → commit (commit.py).
+
+Each stage is one function with typed inputs and outputs; nothing here decides the order.
+"""

@@ -1,0 +1,61 @@
+"""Stage 6, load: the run's output leaves the process — dead letters first, then the sink's
+messages from Spark tasks (sinks: the Kafka producer), each delivery report checked."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+
+from dpone_dagster.engine.bad_records import DeadLetters
+from dpone_dagster.engine.results import RunResult
+from dpone_dagster.engine.stages.timing import Log, stage
+from dpone_dagster.errors import RunFailed
+from dpone_dagster.kafka.admin import ensure_sink_topic
+from dpone_dagster.kafka.config import producer_config
+from dpone_dagster.kafka.delivery import DeliveryStats
+from dpone_dagster.kafka.errors import classify_text
+from dpone_dagster.manifest.models import Manifest
+from dpone_dagster.quality.target import end_offsets
+from dpone_dagster.spark import shape
+from dpone_dagster.spark.kafka_writer import ProducerSettings, produce
+
+
+def prepare_sink(manifest: Manifest, sink_config: dict) -> dict[int, int] | None:
+    """Check (or create) the sink topic; when a check reconciles against the target, where its
+    partitions end before this run writes."""
+    ensure_sink_topic(sink_config, manifest.sink.topic, manifest.sink.options.create_topic)
+    reconciles = any(c.type == "source_target_count" for c in manifest.quality.checks)
+    return end_offsets(sink_config, manifest.sink.topic) if reconciles else None
+
+
+def publish_dead_letters(letters: DeadLetters | None, result: RunResult, log: Log) -> None:
+    if letters is None or not letters.count:
+        return
+    with stage(result, "dead_letters", log):
+        letters.publish(result)
+
+
+def load(manifest: Manifest, messages: DataFrame, sink_config: dict, result: RunResult) -> DeliveryStats:
+    """Produce every message; any message not delivered fails the run (no state has moved)."""
+    delivery = manifest.sink.options.delivery
+    stats = produce(
+        messages,
+        ProducerSettings(
+            topic=manifest.sink.topic,
+            config=tuple(producer_config(sink_config, delivery).items()),
+            flush_timeout_s=delivery.flush_timeout_s,
+            headers_or_partitions=shape.has_headers(manifest.sink),
+        ),
+    )
+    result.messages_produced = stats.delivered
+    result.tombstones = stats.tombstones
+    result.bytes_produced = stats.bytes
+    result.sink_partitions = [p.__dict__ for p in stats.partitions]
+    result.executors = list(stats.executors)
+    if not stats.ok:
+        classified = classify_text(" ".join(stats.errors))
+        raise RunFailed(
+            f"{stats.failed} message(s) to '{manifest.sink.topic}' were not delivered: "
+            + classified.message("; ".join(stats.errors))
+            + "; no state was advanced, a rerun re-produces the batch"
+        )
+    return stats
