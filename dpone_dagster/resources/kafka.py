@@ -7,15 +7,22 @@ from typing import Any
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 from dagster import ConfigurableResource
+from pydantic import Field
 
 from dpone_dagster.connections import ConnectionRefLike, resolve_kafka
 from dpone_dagster.kafka.config import driver_client_config
 
 
 class KafkaResource(ConfigurableResource):
-    """`extra_config` is merged into every client's settings (e.g. timeouts for a slow network)."""
+    """Kafka clients for a manifest block's connection (connection_id → librdkafka settings)."""
 
-    extra_config: dict[str, str] = {}
+    extra_config: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "librdkafka settings merged into every client of every run (e.g. socket.timeout.ms for a "
+            "slow network); settings that would weaken the manifest's delivery mode are refused at run start"
+        ),
+    )
 
     def client_config(self, ref: ConnectionRefLike) -> dict[str, Any]:
         return {**resolve_kafka(ref).client_config(), **self.extra_config}

@@ -13,6 +13,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="The httpx module is deprecated")
     from confluent_kafka.schema_registry import SchemaRegistryClient
 from dagster import ConfigurableResource
+from pydantic import Field
 
 from dpone_dagster.connections import ConnectionRefLike, resolve_kafka
 from dpone_dagster.errors import ConfigError
@@ -20,9 +21,12 @@ from dpone_dagster.schema.registry import registry_client
 
 
 class SchemaRegistryResource(ConfigurableResource):
-    """`url` overrides the connection's schema_registry_url when set."""
+    """A Confluent-compatible Schema Registry client for a manifest block's connection."""
 
-    url: str | None = None
+    url: str | None = Field(
+        default=None,
+        description="Registry URL for every run, instead of the connection's schema_registry_url (e.g. mock://local)",
+    )
 
     def config(self, ref: ConnectionRefLike) -> dict[str, Any] | None:
         """The registry settings runs use for `ref`: the connection's, with this resource's url."""
