@@ -21,7 +21,7 @@ from pyspark.sql.types import StructType
 from dpone_dagster import columns as C
 from dpone_dagster.connections import redact_known_secrets, resolve_kafka, resolve_postgres
 from dpone_dagster.engine import time_windows
-from dpone_dagster.engine.bad_records import DeadLetters, handle_bad_records
+from dpone_dagster.engine.bad_records import handle_bad_records
 from dpone_dagster.engine.clients import RunClients
 from dpone_dagster.engine.locks import RunLock, run_locks
 from dpone_dagster.engine.offsets import OffsetStorage
@@ -35,10 +35,11 @@ from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.manifest.rules import REGISTRY_FORMATS
 from dpone_dagster.quality.selection import select_checks
 from dpone_dagster.quality.target import count_records, end_offsets, offset_advance
+from dpone_dagster.sinks.dead_letters import DeadLetters
+from dpone_dagster.sinks.kafka import ProducerSettings, produce
 from dpone_dagster.sources.kafka import KafkaBatchSource, TimeWindow
 from dpone_dagster.spark import shape
 from dpone_dagster.spark.kafka_reader import JSON_OK
-from dpone_dagster.spark.kafka_writer import ProducerSettings, produce
 from dpone_dagster.spark.keep import keep_batch, release_batch
 from dpone_dagster.state import open_state_store
 from dpone_dagster.state.base import RunRecord, StateStore, utcnow
