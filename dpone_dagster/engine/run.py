@@ -41,8 +41,8 @@ from dpone_dagster.sources.kafka import KafkaBatchSource, TimeWindow
 from dpone_dagster.spark import shape
 from dpone_dagster.spark.kafka_reader import JSON_OK
 from dpone_dagster.spark.keep import keep_batch, release_batch
-from dpone_dagster.state import open_state_store
 from dpone_dagster.state.base import RunRecord, StateStore, utcnow
+from dpone_dagster.state.open import open_manifest_state_store
 
 Log = Callable[[str], None]
 
@@ -333,22 +333,6 @@ def _stage(result: RunResult, name: str, log: Log) -> Iterator[None]:
     finally:
         result.timings[name] = round(time.perf_counter() - started, 3)
         log(f"{name}: {result.timings[name]}s")
-
-
-def open_manifest_state_store(manifest: Manifest, clients: RunClients | None = None) -> StateStore:
-    state = manifest.state
-    if state.type == "kafka_control_topic":
-        from dpone_dagster.replication.control_topic import ControlTopicStore, commit_group_of
-
-        replication = manifest.sink.options.replication
-        return ControlTopicStore(
-            (clients or RunClients()).kafka(manifest.sink),
-            replication.control_topic,
-            commit_group_of(manifest),
-            replication.transaction_timeout_ms,
-        )
-    connect_kwargs = resolve_postgres(state).connect_kwargs() if state.type == "postgres" else None
-    return open_state_store(state, manifest.name, connect_kwargs)
 
 
 @dataclass
