@@ -14,7 +14,7 @@ Variants (combine with '+', e.g. rpt=100000+linger=50):
   spN             spark.sql.shuffle.partitions N for the run
   linger=N        producer linger.ms N;  bsize=N producer batch.size N;  bnm=N batch.num.messages N
   window_dedupe   resolve duplicate keys by sorting the whole batch (the fallback beyond
-                  engine.run.BROADCAST_DEDUPE_KEYS duplicated keys)
+                  engine.stages.shape.BROADCAST_DEDUPE_KEYS duplicated keys)
 """
 
 from __future__ import annotations
@@ -23,58 +23,11 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from bench.common import TreeSampler, create_topic, generate_events, machine_info
 from bench.k2k import run_engine, start_spark, stdout_to_stderr
-
-
-@contextmanager
-def _swap(obj: Any, name: str, value: Any) -> Iterator[None]:
-    saved = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, saved)
-
-
-@contextmanager
-def variant(name: str, spark: Any) -> Iterator[dict[str, Any]]:
-    """Apply a '+'-joined variant; yields the run_engine keyword overrides it needs."""
-    from dpone_dagster.engine import run as engine_run
-
-    kwargs: dict[str, Any] = {"source_options": {}, "delivery": {}}
-    with ExitStack() as stack:
-        for part in name.split("+"):
-            if part in ("baseline", ""):
-                continue
-            if part == "window_dedupe":
-                stack.enter_context(_swap(engine_run, "BROADCAST_DEDUPE_KEYS", 0))
-            elif part.startswith("conf:"):
-                key, _, value = part[5:].partition("=")
-                saved_v = spark.conf.get(key, None)
-                spark.conf.set(key, value)
-                stack.callback(lambda k=key, v=saved_v: spark.conf.unset(k) if v is None else spark.conf.set(k, v))
-            elif part.startswith("rpt="):
-                kwargs["source_options"]["records_per_task"] = int(part[4:])
-            elif part.startswith("bs="):
-                kwargs["source_options"]["batch_size"] = int(part[3:])
-            elif part.startswith("sp"):
-                saved = spark.conf.get("spark.sql.shuffle.partitions")
-                spark.conf.set("spark.sql.shuffle.partitions", part[2:])
-                stack.callback(spark.conf.set, "spark.sql.shuffle.partitions", saved)
-            elif part.startswith("linger="):
-                kwargs["delivery"]["linger_ms"] = int(part[7:])
-            elif part.startswith("bsize="):
-                kwargs["delivery"].setdefault("producer_config", {})["batch.size"] = int(part[6:])
-            elif part.startswith("bnm="):
-                kwargs["delivery"]["batch_num_messages"] = int(part[4:])
-            else:
-                raise SystemExit(f"unknown variant part: {part}")
-        yield kwargs
+from bench.variants import variant
 
 
 def _jcmd(sampler: TreeSampler, *command: str) -> None:

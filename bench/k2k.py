@@ -409,8 +409,8 @@ def run_bench(
         say(f"(c) dpone run_pipeline {mode}/{policy}")
         phases["c"] = run_engine(spark, bootstrap, src, partitions, sampler, mode, policy, source_options, delivery, "c", log)
     for name in compare_variants:
-        # The same run with candidate engine changes swapped in (bench/experiments.py, variant()).
-        from bench.experiments import variant
+        # The same run with candidate engine changes swapped in (bench/variants.py).
+        from bench.variants import variant
 
         say(f"(c) dpone run_pipeline with variant {name}")
         with variant(name, spark) as kw:

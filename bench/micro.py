@@ -156,11 +156,14 @@ def main(argv: list[str] | None = None) -> int:
             _measure("json_object_keys distinct", lambda: text.select(F.explode(F.json_object_keys("value"))).distinct().count(), args.repeat, jvm, out)
             _measure("to_json", lambda: base.select(F.to_json(F.struct(*payload), JSON_WRITE_OPTIONS).alias("v")).where(F.length("v") > 0).count(), args.repeat, jvm, out)
         if "dedupe" in only:
-            from bench.experiments import agg_dedupe
-
             keyed = base.withColumn(shape.KEY, F.col("order_id").cast("string").cast("binary")).withColumn("__dpone__op", F.lit("upsert"))
             _measure("dedupe window", lambda: shape.dedupe(keyed, "keep_last").count(), args.repeat, jvm, out)
-            _measure("dedupe max_by", lambda: agg_dedupe(keyed, "keep_last").count(), args.repeat, jvm, out)
+
+            def broadcast_winners() -> int:  # the engine's plan up to BROADCAST_DEDUPE_KEYS repeated keys
+                winners = shape.duplicate_winners(keyed, shape.duplicated_keys(keyed), "keep_last")
+                return shape.keep_winners(keyed, winners).count()
+
+            _measure("dedupe broadcast winners", broadcast_winners, args.repeat, jvm, out)
     print(json.dumps({"rows": args.rows, "results": out}))
     return 0
 

@@ -4,7 +4,7 @@ task's Python time go?
     python -m bench.profile_tasks --records 250000 [--profile]
 
 `reader`: kafka_reader._read_one_range over one partition slice (the default records_per_task).
-`writer`: kafka_writer._produce_task over Arrow batches shaped like the engine's messages
+`writer`: sinks.kafka._produce_task over Arrow batches shaped like the engine's messages
 (key = order_id text, value = JSON, no headers, partition -1), 10,000 rows per batch (Spark's
 spark.sql.execution.arrow.maxRecordsPerBatch default).
 Reported: wall seconds, process CPU seconds (all threads, librdkafka included), records/s.
@@ -86,7 +86,7 @@ def message_batches(records: int, rows: int = 10_000) -> list[pa.RecordBatch]:
 def profile_writer(bootstrap: str, topic: str, batches: list[pa.RecordBatch], profile: bool, overrides: dict[str, Any]) -> dict[str, Any]:
     from dpone_dagster.kafka.config import producer_config
     from dpone_dagster.manifest.models import DeliveryOptions
-    from dpone_dagster.spark.kafka_writer import ProducerSettings, _produce_task
+    from dpone_dagster.sinks.kafka import ProducerSettings, _produce_task
 
     writer = _produce_task
     config = {**producer_config({"bootstrap.servers": bootstrap}, DeliveryOptions()), **overrides}

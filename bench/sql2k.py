@@ -12,7 +12,7 @@ order events) and is dropped afterwards. Phases, each to its own sink topic:
        key = order_id (what a user writes by hand)
   (p2) the same loop with the JSON built by PostgreSQL (row_to_json), Python only produces
   (s)  Spark JDBC read (partitioned by order_id over --num-partitions, fetchsize 10,000) → the
-       engine's message shape (shape.JSON_WRITE_OPTIONS, key = order_id) → kafka_writer.produce
+       engine's message shape (shape.JSON_WRITE_OPTIONS, key = order_id) → sinks.kafka.produce
   (e)  run_pipeline: source.type postgres, incremental_merge, unique_key order_id (keep_last),
        incremental_column updated_at (first run: the whole table) — skipped with the reason when
        the engine refuses SQL sources
@@ -186,11 +186,11 @@ def spark_jdbc_to_writer(
     num_partitions: int,
     fetchsize: int = 10_000,
 ) -> dict[str, Any]:
-    """JDBC read → the engine's message shape → kafka_writer.produce (no state, gates or dedupe)."""
+    """JDBC read → the engine's message shape → sinks.kafka.produce (no state, gates or dedupe)."""
     from pyspark.sql import functions as F
 
     from bench.k2k import engine_producer_config
-    from dpone_dagster.spark.kafka_writer import ProducerSettings, produce
+    from dpone_dagster.sinks.kafka import ProducerSettings, produce
     from dpone_dagster.spark.shape import JSON_WRITE_OPTIONS
 
     started = time.perf_counter()
@@ -349,7 +349,7 @@ def run_bench(
                     spark, start = start_spark_with_jdbc(spark_conf)
                 report["spark_start"] = start
             if "s" in only:
-                say("(s) Spark JDBC → kafka_writer.produce")
+                say("(s) Spark JDBC → sinks.kafka.produce")
                 topic = f"bench_sql_s_{uuid.uuid4().hex[:6]}"
                 create_topic(bootstrap, topic, topic_partitions)
                 with _phase(sampler, "s") as peaks:

@@ -201,9 +201,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def _offsets_view(manifest_path: str) -> tuple[Any, Any, Any]:
     from dpone_dagster.engine.offsets import OffsetStorage
-    from dpone_dagster.engine.run import open_manifest_state_store
     from dpone_dagster.manifest.models import KafkaSource
     from dpone_dagster.sources.kafka import default_group_id
+    from dpone_dagster.state.open import open_manifest_state_store
 
     manifest = load_manifest(manifest_path)
     if not isinstance(manifest.source, KafkaSource):
@@ -218,7 +218,7 @@ def _offsets_view(manifest_path: str) -> tuple[Any, Any, Any]:
 
 
 def _control_topic_state(manifest: Any) -> dict[str, Any]:
-    from dpone_dagster.engine.run import open_manifest_state_store
+    from dpone_dagster.state.open import open_manifest_state_store
 
     store = open_manifest_state_store(manifest)
     try:

@@ -183,8 +183,8 @@ def _window_sizes(
     """Offsets each pending window holds, planned as a run would plan it (recorded ranges first)."""
     if not pending:
         return {}
-    from dpone_dagster.engine.run import open_manifest_state_store
     from dpone_dagster.engine.time_windows import load_recorded
+    from dpone_dagster.state.open import open_manifest_state_store
 
     span = watched[watched.index(pending[0]) : watched.index(pending[-1]) + 1]
     store = open_manifest_state_store(manifest)

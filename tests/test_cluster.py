@@ -557,7 +557,7 @@ def test_zip_package_and_archive_settings(tmp_path):
 
     with zipfile.ZipFile(archive) as zf:
         names = zf.namelist()
-    assert "dpone_dagster/spark/kafka_writer.py" in names and "dpone_dagster/cli.py" in names
+    assert "dpone_dagster/sinks/kafka.py" in names and "dpone_dagster/cli.py" in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     conf, env = spark_cluster.archive_settings("hdfs:///envs/dpone.tar.gz")
     assert conf == {"spark.archives": "hdfs:///envs/dpone.tar.gz#environment"}

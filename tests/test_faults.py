@@ -38,12 +38,13 @@ from conftest import (
 )
 
 from dpone_dagster.embedded_broker import EmbeddedBroker
-from dpone_dagster.engine.run import RunRequest, open_manifest_state_store, run_pipeline
+from dpone_dagster.engine.run import RunRequest, run_pipeline
 from dpone_dagster.errors import DponeError, RunFailed, is_retryable
 from dpone_dagster.kafka.boundary import Watermarks, plan_offset_ranges
 from dpone_dagster.manifest import parse_manifest
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.sources.kafka import default_group_id
+from dpone_dagster.state.open import open_manifest_state_store
 
 pytestmark = pytest.mark.faults
 

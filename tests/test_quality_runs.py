@@ -13,8 +13,8 @@ from dagster import AssetKey, DagsterInstance, materialize
 from dagster_pyspark import LazyPySparkResource
 
 from dpone_dagster.assets.factory import build_manifest_asset
-from dpone_dagster.engine.stages import load as load_stage
 from dpone_dagster.engine.run import run_pipeline
+from dpone_dagster.engine.stages import load as load_stage
 from dpone_dagster.errors import RunFailed
 from dpone_dagster.kafka.delivery import DeliveryStats
 from dpone_dagster.manifest import parse_manifest

@@ -9,10 +9,11 @@ import psycopg2
 import pytest
 from conftest import consume_all, create_topic, produce_json, unique_topic
 
-from dpone_dagster.engine.run import RunRequest, open_manifest_state_store, run_pipeline
+from dpone_dagster.engine.run import RunRequest, run_pipeline
 from dpone_dagster.errors import RunFailed
 from dpone_dagster.manifest import parse_manifest
 from dpone_dagster.sources.kafka import default_group_id
+from dpone_dagster.state.open import open_manifest_state_store
 
 pytestmark = pytest.mark.faults
 

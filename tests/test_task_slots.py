@@ -8,8 +8,8 @@ from conftest import consume_raw, create_topic, produce_json, unique_topic
 from pyspark.sql import functions as F
 
 from dpone_dagster.kafka.boundary import Boundary, PartitionRange, ReadTask, pack_tasks, split_into_tasks
+from dpone_dagster.sinks.kafka import ProducerSettings, produce
 from dpone_dagster.spark.kafka_reader import ReaderSettings, read_ranges
-from dpone_dagster.spark.kafka_writer import ProducerSettings, produce
 from dpone_dagster.spark.slots import local_task_slots
 
 

@@ -38,8 +38,8 @@ class SourceLag:
 
 
 def source_lag(manifest: Manifest, client_config: dict[str, Any]) -> SourceLag:
-    from dpone_dagster.engine.run import open_manifest_state_store
     from dpone_dagster.engine.time_windows import is_time_window, load_recorded
+    from dpone_dagster.state.open import open_manifest_state_store
 
     source = manifest.source
     assert isinstance(source, KafkaSource)

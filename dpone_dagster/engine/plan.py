@@ -127,7 +127,7 @@ def _state_section(manifest: Manifest) -> dict[str, Any]:
 def _probe_boundary(manifest: Manifest) -> dict[str, Any]:
     try:
         from dpone_dagster.engine.offsets import OffsetStorage
-        from dpone_dagster.engine.run import open_manifest_state_store
+        from dpone_dagster.state.open import open_manifest_state_store
 
         source = KafkaBatchSource(manifest, resolve_kafka(manifest.source).client_config())
         state = manifest.state

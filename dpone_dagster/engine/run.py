@@ -11,9 +11,7 @@ import uuid
 
 from pyspark.sql import SparkSession
 
-from dpone_dagster.connections import redact_known_secrets, resolve_postgres
-from dpone_dagster.engine.bad_records import DeadLetters
-from dpone_dagster.engine.clients import RunClients
+from dpone_dagster.connections import redact_known_secrets
 from dpone_dagster.engine.lifecycle import (
     export_metrics,
     lock,
@@ -38,8 +36,9 @@ from dpone_dagster.errors import DponeError, RunFailed
 from dpone_dagster.kafka.config import check_producer_settings
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.quality.selection import select_checks
-from dpone_dagster.state import open_state_store
+from dpone_dagster.sinks.dead_letters import DeadLetters
 from dpone_dagster.state.base import RunRecord, StateStore, utcnow
+from dpone_dagster.state.open import open_manifest_state_store
 
 __all__ = ["RunRequest", "open_manifest_state_store", "resolve_connections", "run_pipeline"]
 
@@ -131,19 +130,3 @@ def _run(
         return finish_checks_only(store, record, result, log)
     with stage(result, "commit", log):
         commit(planned, record, result, log)
-
-
-def open_manifest_state_store(manifest: Manifest, clients: RunClients | None = None) -> StateStore:
-    state = manifest.state
-    if state.type == "kafka_control_topic":
-        from dpone_dagster.replication.control_topic import ControlTopicStore, commit_group_of
-
-        replication = manifest.sink.options.replication
-        return ControlTopicStore(
-            (clients or RunClients()).kafka(manifest.sink),
-            replication.control_topic,
-            commit_group_of(manifest),
-            replication.transaction_timeout_ms,
-        )
-    connect_kwargs = resolve_postgres(state).connect_kwargs() if state.type == "postgres" else None
-    return open_state_store(state, manifest.name, connect_kwargs)

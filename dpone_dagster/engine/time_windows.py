@@ -18,13 +18,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dpone_dagster import columns as C
-from dpone_dagster.engine.bad_records import DeadLetters
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.errors import DataRefused
 from dpone_dagster.kafka.admin import ensure_sink_topic
 from dpone_dagster.kafka.boundary import Boundary
 from dpone_dagster.kafka.windows import Recorded
 from dpone_dagster.manifest.models import KafkaSource, Manifest, TimeWindowPartitions, TopicCreation
+from dpone_dagster.sinks.dead_letters import DeadLetters
 from dpone_dagster.sources.kafka import ExtractResult, KafkaBatchSource, Log, default_group_id, late_window
 from dpone_dagster.state.base import StateStore
 

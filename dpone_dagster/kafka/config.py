@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dpone_dagster.manifest.models import DeliveryOptions, Manifest
+if TYPE_CHECKING:  # annotations only: manifest.rules imports this module to validate delivery blocks
+    from dpone_dagster.manifest.models import DeliveryOptions, Manifest
 
 
 def producer_config(client_config: dict[str, Any], delivery: DeliveryOptions) -> dict[str, Any]:

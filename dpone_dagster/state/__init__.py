@@ -1,4 +1,8 @@
-"""Run state: Kafka offsets, SQL watermarks and run history, committed only with a run's success."""
+"""Run state: Kafka offsets, SQL watermarks and run history, committed only with a run's success.
+
+`open_state_store` opens the store a `state:` block describes; `state.open.open_manifest_state_store`
+opens the one a manifest uses (also the replication's control topic), its connection resolved.
+"""
 
 from __future__ import annotations
 

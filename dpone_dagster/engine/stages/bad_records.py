@@ -8,10 +8,11 @@ from dataclasses import replace
 from pyspark.sql import functions as F
 
 from dpone_dagster import columns as C
-from dpone_dagster.engine.bad_records import DeadLetters, handle_bad_records
+from dpone_dagster.engine.bad_records import handle_bad_records
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.extract import Batch
 from dpone_dagster.manifest.models import Manifest
+from dpone_dagster.sinks.dead_letters import DeadLetters
 
 
 def screen_undecodable(

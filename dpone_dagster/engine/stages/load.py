@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame
 
-from dpone_dagster.engine.bad_records import DeadLetters
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.timing import Log, stage
 from dpone_dagster.errors import RunFailed
@@ -15,8 +14,9 @@ from dpone_dagster.kafka.delivery import DeliveryStats
 from dpone_dagster.kafka.errors import classify_text
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.quality.target import end_offsets
+from dpone_dagster.sinks.dead_letters import DeadLetters
+from dpone_dagster.sinks.kafka import ProducerSettings, produce
 from dpone_dagster.spark import shape
-from dpone_dagster.spark.kafka_writer import ProducerSettings, produce
 
 
 def prepare_sink(manifest: Manifest, sink_config: dict) -> dict[int, int] | None:

@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from dpone_dagster import columns as C
-from dpone_dagster.engine.bad_records import DeadLetters, handle_bad_records
+from dpone_dagster.engine.bad_records import handle_bad_records
 from dpone_dagster.engine.clients import RunClients
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.extract import Batch, writes_registry_format
@@ -22,6 +22,7 @@ from dpone_dagster.engine.stages.timing import KeptFrames, Log, stage
 from dpone_dagster.errors import RunFailed
 from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.manifest.models import KafkaSource, Manifest
+from dpone_dagster.sinks.dead_letters import DeadLetters
 from dpone_dagster.spark import shape
 
 

@@ -1,4 +1,4 @@
-"""Produce shaped messages from Spark tasks and bring back only delivery statistics.
+"""The Kafka sink: produce shaped messages from Spark tasks, bring back only delivery statistics.
 
 Each task owns one confluent-kafka producer, checks every delivery report, handles a full local
 queue (BufferError) by serving callbacks and retrying, and flushes before it reports. The driver
@@ -33,6 +33,8 @@ class ProducerSettings:
 
 
 def produce(messages: DataFrame, settings: ProducerSettings) -> DeliveryStats:
+    """Produce every message to `settings.topic`, one confluent-kafka producer per Spark task."""
+
     def produce_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield from _produce_task(settings, batches)
 
@@ -47,6 +49,13 @@ def produce(messages: DataFrame, settings: ProducerSettings) -> DeliveryStats:
         handed = handed.coalesce(slots)  # one producer per task slot: one start, one flush wait each
     stats = handed.mapInArrow(produce_batches, STATS_COLUMNS)
     return aggregate(row.asDict() for row in stats.collect())
+
+
+class KafkaSink:
+    """The Kafka sink as the engine sees it (sinks.base.Sink)."""
+
+    def produce(self, messages: DataFrame, settings: ProducerSettings) -> DeliveryStats:
+        return produce(messages, settings)
 
 
 class _TaskReport:
