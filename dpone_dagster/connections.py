@@ -10,8 +10,8 @@ A block names a connection (`connection_id`) and where its credentials live (`co
 `resolve_fields` returns the raw fields; `resolve_kafka`, `resolve_postgres` and `resolve_jdbc` map them
 onto frozen models whose repr, str and describe() never show a secret. Every secret a model holds is
 added to the process-wide registry of `dpone_dagster.redact` (re-exported here), so that every output
-passing through `redact_text` / `redact_known_secrets` is scrubbed. Error messages name where a value
-was looked up, never the value.
+passing through `redact_text` is scrubbed. Error messages name where a value was looked up, never
+the value.
 
 Vault tokens: every read looks the token up first and renews a renewable one once less than half its
 TTL is left; a token accepted earlier in the process and refused now is reported as expired or revoked.
@@ -45,7 +45,6 @@ from dpone_dagster.redact import (
     SECRETS,
     SecretRedactor,
     redact,
-    redact_known_secrets,
     redact_text,
 )
 from dpone_dagster.redact import is_secret_key as _is_secret_key
@@ -63,7 +62,6 @@ __all__ = [
     "env_key",
     "env_var_names",
     "redact",
-    "redact_known_secrets",
     "redact_text",
     "resolve_fields",
     "resolve_jdbc",

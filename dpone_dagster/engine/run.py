@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from dpone_dagster import columns as C
-from dpone_dagster.connections import redact_known_secrets, resolve_kafka, resolve_postgres
+from dpone_dagster.connections import resolve_kafka, resolve_postgres
 from dpone_dagster.engine import time_windows
 from dpone_dagster.engine.bad_records import DeadLetters, handle_bad_records
 from dpone_dagster.engine.clients import RunClients
@@ -35,6 +35,7 @@ from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.manifest.rules import REGISTRY_FORMATS
 from dpone_dagster.quality.selection import select_checks
 from dpone_dagster.quality.target import count_records, end_offsets, offset_advance
+from dpone_dagster.redact import redact_text
 from dpone_dagster.sources.kafka import KafkaBatchSource, TimeWindow
 from dpone_dagster.spark import shape
 from dpone_dagster.spark.kafka_reader import JSON_OK
@@ -88,7 +89,7 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
         _run(manifest, spark, request, store, record, result)
     except BaseException as exc:
         result.status = "failed"
-        result.error = redact_known_secrets(str(exc))
+        result.error = redact_text(str(exc))
         result.finished_at = utcnow().isoformat()
         _record_failure(store, locks, _record(record, result, "failed"), result, request.log)
         _export_metrics(manifest, result, request.log)
@@ -112,7 +113,7 @@ def _record_failure(store: StateStore, locks: list[RunLock], failed: RunRecord, 
         store.finish_run_failed(failed)
         _unlock(store, locks)
     except Exception as exc:  # noqa: BLE001 - whatever the store raises, the run's error wins
-        note = f"state store: the failed run could not be recorded ({redact_known_secrets(str(exc))})"
+        note = f"state store: the failed run could not be recorded ({redact_text(str(exc))})"
         result.notes.append(note)
         log(note)
     finally:
@@ -151,7 +152,7 @@ def _export_metrics(manifest: Manifest, result: RunResult, log: Log) -> None:
     try:
         where = export_run_metrics(config, result, finished_at=time.time())
     except Exception as exc:  # noqa: BLE001 - any exporter failure is reported the same way
-        note = f"metrics: export failed ({redact_known_secrets(str(exc))})"
+        note = f"metrics: export failed ({redact_text(str(exc))})"
         result.notes.append(note)
         log(note)
         return

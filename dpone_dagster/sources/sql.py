@@ -85,9 +85,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from dpone_dagster import columns as C
-from dpone_dagster.connections import JdbcConnection, redact_known_secrets
+from dpone_dagster.connections import JdbcConnection
 from dpone_dagster.errors import ConfigError, RunFailed
 from dpone_dagster.manifest.models import Manifest, SqlSource
+from dpone_dagster.redact import redact_text
 from dpone_dagster.sources import sql_text as T
 from dpone_dagster.sources.kafka import ExtractResult
 
@@ -211,7 +212,7 @@ class SqlBatchSource:
         return {
             "type": self.dialect,
             "table": T.qualified_name(self.dialect, self.table),
-            "url": redact_known_secrets(self.jdbc_url()),
+            "url": redact_text(self.jdbc_url()),
             "driver": self.driver_class(),
             "user": connection.get("user"),
             "password": connection.get("password"),
@@ -580,7 +581,7 @@ class SqlBatchSource:
             check=False,
         )
         if result.returncode != 0:
-            detail = redact_known_secrets((result.stderr or result.stdout or "").strip()[-2000:])
+            detail = redact_text((result.stderr or result.stdout or "").strip()[-2000:])
             raise RunFailed(f"bcp exited with {result.returncode}: {detail}")
         return read_bcp_file(spark, path, specs)
 
@@ -778,10 +779,10 @@ class SqlBatchSource:
         return self._catalog
 
     def _error(self, exc: BaseException, what: str) -> Exception:
-        messages = [redact_known_secrets(m) for m in _java_messages(exc)]
+        messages = [redact_text(m) for m in _java_messages(exc)]
         lowered = "\n".join(messages).lower()
         detail = _detail(messages)
-        target = f"{redact_known_secrets(self.jdbc_url())} (connection '{self.source.connection_id}')"
+        target = f"{redact_text(self.jdbc_url())} (connection '{self.source.connection_id}')"
         if "classnotfoundexception" in lowered or "no suitable driver" in lowered:
             return ConfigError(self._driver_fix(self.driver_class()))
         if any(s in lowered for s in _AUTH) or re.search(r'role "[^"]*" does not exist', lowered):
