@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpone_dagster.connections import redact_known_secrets
+from dpone_dagster.redact import redact_text
 
 
 @dataclass(frozen=True)
@@ -244,7 +244,7 @@ def _postgres_reachable(name: str, kwargs: dict, fix: str, required: bool = Fals
 
 
 def _short(exc: BaseException) -> str:
-    return redact_known_secrets(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)[:200]
+    return redact_text(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)[:200]
 
 
 def render_table(checks: list[Check]) -> str:

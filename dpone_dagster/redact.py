@@ -32,7 +32,6 @@ __all__ = [
     "SecretRedactor",
     "is_secret_key",
     "redact",
-    "redact_known_secrets",
     "redact_mapping",
     "redact_text",
     "url_passwords",
@@ -173,10 +172,6 @@ def redact_text(text: str, extra_secrets: Iterable[str] = ()) -> str:
     credential masked: the function every output of the process goes through."""
     text = redact(str(text), extra_secrets)
     return _mask_shapes(SECRETS.redact(text))
-
-
-# The name callers of the connection layer know it by.
-redact_known_secrets = redact_text
 
 
 def redact_mapping(value: Any) -> Any:

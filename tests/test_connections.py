@@ -30,7 +30,7 @@ from dpone_dagster.connections import (
     SecretRedactor,
     env_key,
     redact,
-    redact_known_secrets,
+    redact_text,
     resolve_fields,
     resolve_jdbc,
     resolve_kafka,
@@ -551,7 +551,7 @@ def test_vault_kv2_kafka_connection(vault: Vault) -> None:
     }
     # The token and every secret of the connection are now scrubbed from log lines.
     line = f"token={vault.token} sasl=vault-Secret-12 sr=sr-user:sr-Secret-13"
-    assert redact_known_secrets(line) == f"token={MASK} sasl={MASK} sr=sr-user:{MASK}"
+    assert redact_text(line) == f"token={MASK} sasl={MASK} sr=sr-user:{MASK}"
 
 
 def test_vault_kv1_postgres(vault: Vault) -> None:
@@ -583,7 +583,7 @@ def test_vault_custom_mount_and_prefix_for_jdbc(vault: Vault) -> None:
         "properties": {"encrypt": "true", "trustStorePassword": MASK},
     }
     assert "ts-Secret-16" not in repr(connection)
-    assert redact_known_secrets("ts-Secret-16") == MASK
+    assert redact_text("ts-Secret-16") == MASK
 
 
 def test_vault_namespace(vault: Vault) -> None:
@@ -708,7 +708,7 @@ def test_kafka_repr_str_describe_are_redacted() -> None:
     assert repr(connection).startswith("KafkaConnection(bootstrap_servers='b:9092', ")
     assert f"sasl_password='{MASK}'" in str(connection)
     assert (
-        redact_known_secrets("a repr-Secret-18 b url-Secret-19 c key-Secret-20")
+        redact_text("a repr-Secret-18 b url-Secret-19 c key-Secret-20")
         == f"a {MASK} b {MASK} c {MASK}"
     )
 
@@ -721,7 +721,7 @@ def test_postgres_dsn_is_shown_with_the_password_masked() -> None:
     assert uri.connect_kwargs() == {"dsn": "postgresql://etl:dsn%40Secret-21@db:5432/state", "port": 6543}
     keywords = PostgresConnection(dsn="host=db password='kw Secret-22' dbname=state")
     assert keywords.describe()["dsn"] == f"host=db password='{MASK}' dbname=state"
-    assert redact_known_secrets("auth kw Secret-22 dsn@Secret-21") == f"auth {MASK} {MASK}"
+    assert redact_text("auth kw Secret-22 dsn@Secret-21") == f"auth {MASK} {MASK}"
 
 
 def test_connect_kwargs_are_valid_libpq_keywords() -> None:

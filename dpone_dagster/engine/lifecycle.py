@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import time
 
-from dpone_dagster.connections import redact_known_secrets, resolve_kafka, resolve_postgres
+from dpone_dagster.connections import resolve_kafka, resolve_postgres
 from dpone_dagster.engine.locks import RunLock, run_locks
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.timing import Log
 from dpone_dagster.errors import RunFailed
 from dpone_dagster.manifest.models import KafkaSource, Manifest
+from dpone_dagster.redact import redact_text
 from dpone_dagster.state.base import RunRecord, StateStore
 
 
@@ -24,7 +25,7 @@ def record_failure(
         store.finish_run_failed(failed)
         unlock(store, locks)
     except Exception as exc:  # noqa: BLE001 - whatever the store raises, the run's error wins
-        note = f"state store: the failed run could not be recorded ({redact_known_secrets(str(exc))})"
+        note = f"state store: the failed run could not be recorded ({redact_text(str(exc))})"
         result.notes.append(note)
         log(note)
     finally:
@@ -63,7 +64,7 @@ def export_metrics(manifest: Manifest, result: RunResult, log: Log) -> None:
     try:
         where = export_run_metrics(config, result, finished_at=time.time())
     except Exception as exc:  # noqa: BLE001 - any exporter failure is reported the same way
-        note = f"metrics: export failed ({redact_known_secrets(str(exc))})"
+        note = f"metrics: export failed ({redact_text(str(exc))})"
         result.notes.append(note)
         log(note)
         return
@@ -89,7 +90,7 @@ def write_artifacts(manifest: Manifest, result: RunResult, log: Log) -> None:
         log(f"artifacts: {run_dir}")
     except Exception as exc:  # noqa: BLE001 - an artifact never turns a delivered run into a failed one
         # Written after the commit: the data and offsets are already safe; say so, loudly.
-        note = f"artifacts: could not be written to {artifacts.path} ({redact_known_secrets(str(exc))}); the run's data and offsets are unaffected"
+        note = f"artifacts: could not be written to {artifacts.path} ({redact_text(str(exc))}); the run's data and offsets are unaffected"
         result.notes.append(note)
         log(note)
 

@@ -11,7 +11,6 @@ import uuid
 
 from pyspark.sql import SparkSession
 
-from dpone_dagster.connections import redact_known_secrets
 from dpone_dagster.engine.lifecycle import (
     export_metrics,
     lock,
@@ -36,6 +35,7 @@ from dpone_dagster.errors import DponeError, RunFailed
 from dpone_dagster.kafka.config import check_producer_settings
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.quality.selection import select_checks
+from dpone_dagster.redact import redact_text
 from dpone_dagster.sinks.dead_letters import DeadLetters
 from dpone_dagster.state.base import RunRecord, StateStore, utcnow
 from dpone_dagster.state.open import open_manifest_state_store
@@ -59,7 +59,7 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
         _run(manifest, spark, request, store, record, result)
     except BaseException as exc:
         result.status = "failed"
-        result.error = redact_known_secrets(str(exc))
+        result.error = redact_text(str(exc))
         result.finished_at = utcnow().isoformat()
         record_failure(store, locks, run_record(record, result, "failed"), result, request.log)
         export_metrics(manifest, result, request.log)

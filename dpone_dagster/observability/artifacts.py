@@ -8,7 +8,7 @@
   for scraping; `build_metrics` derives it from a RunResult dict.
 
 Every file is written atomically (a temp file in the same directory, fsync, os.replace), and the text
-of run.json and plan.md passes through `connections.redact_known_secrets` (run.json: every string before
+of run.json and plan.md passes through `redact.redact_text` (run.json: every string before
 serialization and the serialized text after), so a secret that reached an error text, a note, a failing
 sample or the plan is masked wherever it appears. plan.md is
 written before run.json: a directory with run.json is a complete artifact (`list_runs` only lists
@@ -26,9 +26,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dpone_dagster.connections import redact_known_secrets
 from dpone_dagster.errors import ConfigError
 from dpone_dagster.quality.results import json_safe
+from dpone_dagster.redact import redact_text
 from dpone_dagster.state.local import atomic_write_text
 
 __all__ = [
@@ -144,15 +144,15 @@ def write_run_artifact(
     record = _redact_tree(run_record(result, gates))
     run_dir = _run_dir(base_path, record["run_id"])
     run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / PLAN_FILE, redact_known_secrets(plan_markdown))
+    atomic_write_text(run_dir / PLAN_FILE, redact_text(plan_markdown))
     text = json.dumps(record, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-    atomic_write_text(run_dir / RUN_FILE, redact_known_secrets(text))
+    atomic_write_text(run_dir / RUN_FILE, redact_text(text))
     return run_dir
 
 
 def _redact_tree(value: Any) -> Any:
     if isinstance(value, str):
-        return redact_known_secrets(value)
+        return redact_text(value)
     if isinstance(value, dict):
         return {_redact_tree(k): _redact_tree(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -17,12 +17,12 @@ import pyarrow as pa
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
-from dpone_dagster.connections import redact_known_secrets
 from dpone_dagster.errors import ConfigError, RunFailed
 from dpone_dagster.kafka.admin import ensure_sink_topic, existing_topics
 from dpone_dagster.kafka.config import driver_client_config, producer_config
 from dpone_dagster.kafka.inspect import make_consumer, topic_partitions, verified_watermarks
 from dpone_dagster.manifest.models import KafkaSource, Manifest
+from dpone_dagster.redact import redact_text
 from dpone_dagster.replication.control_topic import (
     commit_group_of,
     ensure_control_topic,
@@ -481,5 +481,5 @@ def task_failure_reason(text: str) -> str:
     found = [m for m in (_ERROR_LINE.search(line) for line in text.splitlines()) if m]
     if found:
         last = found[-1]
-        return redact_known_secrets(f"{last.group(1)}: {last.group(2).strip()}")
-    return redact_known_secrets(text.strip().splitlines()[0][:500] if text.strip() else "unknown error")
+        return redact_text(f"{last.group(1)}: {last.group(2).strip()}")
+    return redact_text(text.strip().splitlines()[0][:500] if text.strip() else "unknown error")

@@ -18,8 +18,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from dpone_dagster.connections import redact_known_secrets
 from dpone_dagster.errors import ConfigError, RunFailed
+from dpone_dagster.redact import redact_text
 from dpone_dagster.sources.sql import text as T
 from dpone_dagster.sources.sql.boundary import SqlBoundary
 from dpone_dagster.sources.sql.casts import backquote, cast_column
@@ -69,7 +69,7 @@ def read_bcp(source: JdbcTable, spark: SparkSession, boundary: SqlBoundary, log:
         check=False,
     )
     if result.returncode != 0:
-        detail = redact_known_secrets((result.stderr or result.stdout or "").strip()[-2000:])
+        detail = redact_text((result.stderr or result.stdout or "").strip()[-2000:])
         raise RunFailed(f"bcp exited with {result.returncode}: {detail}")
     return read_bcp_file(spark, path, specs)
 

@@ -13,9 +13,10 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from dpone_dagster.connections import JdbcConnection, redact_known_secrets
+from dpone_dagster.connections import JdbcConnection
 from dpone_dagster.errors import ConfigError
 from dpone_dagster.manifest.models import Manifest, SqlSource
+from dpone_dagster.redact import redact_text
 from dpone_dagster.sources.sql import jdbc_errors
 from dpone_dagster.sources.sql import text as T
 
@@ -89,7 +90,7 @@ class JdbcTable:
         return {
             "type": self.dialect,
             "table": T.qualified_name(self.dialect, self.table),
-            "url": redact_known_secrets(self.jdbc_url()),
+            "url": redact_text(self.jdbc_url()),
             "driver": self.driver_class(),
             "user": connection.get("user"),
             "password": connection.get("password"),
@@ -186,7 +187,7 @@ class JdbcTable:
 
     def jdbc_error(self, exc: BaseException, what: str) -> Exception:
         """The ConfigError/RunFailed to raise for a failure while trying to `what`."""
-        target = f"{redact_known_secrets(self.jdbc_url())} (connection '{self.source.connection_id}')"
+        target = f"{redact_text(self.jdbc_url())} (connection '{self.source.connection_id}')"
         return jdbc_errors.classify(exc, what, target, lambda: self._driver_fix(self.driver_class()))
 
     # ----------------------------------------------------------------------- helpers

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from dpone_dagster.connections import redact_known_secrets
 from dpone_dagster.errors import ConfigError, RunFailed
+from dpone_dagster.redact import redact_text
 
 _UNREACHABLE = (
     "connection refused",
@@ -35,7 +35,7 @@ _UNKNOWN_OBJECT = (
 
 def classify(exc: BaseException, what: str, target: str, driver_fix: Callable[[], str]) -> Exception:
     """The error to raise for `exc`, raised while trying to `what` against `target` (url + connection)."""
-    messages = [redact_known_secrets(m) for m in _java_messages(exc)]
+    messages = [redact_text(m) for m in _java_messages(exc)]
     lowered = "\n".join(messages).lower()
     detail = _detail(messages)
     if "classnotfoundexception" in lowered or "no suitable driver" in lowered:
