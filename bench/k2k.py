@@ -83,7 +83,7 @@ class PhaseResult:
 
 def engine_consumer_config(bootstrap: str) -> dict[str, Any]:
     """The consumer settings the engine's Spark tasks use (kafka_reader), for the plain loops."""
-    from dpone_dagster.spark.kafka_reader import ReaderSettings, _consumer_config
+    from dpone_dagster.sources.kafka_reader import ReaderSettings, _consumer_config
 
     config = _consumer_config(ReaderSettings({"bootstrap.servers": bootstrap}, f"bench-{uuid.uuid4().hex[:8]}"))
     # The plain loops read every partition of one assignment until the planned ends.

@@ -4,12 +4,12 @@ JVM CPU seconds (and wall) of one job each, repeated, in one session.
     python -m bench.micro --rows 500000 [--repeat 3] [--only transfer,cache,json,dedupe]
 
 transfer: the produce stage's JVM → Python Arrow transfer (mapInArrow that only counts rows) of
-          key/value/headers/partition with headers null (what shape.to_messages yields without
+          key/value/headers/partition with headers null (what kafka_messages.to_messages yields without
           configured headers), headers as empty arrays, and without the headers column.
 cache:    persist(MEMORY_AND_DISK) + count of the decoded rows, compressed vs uncompressed columnar
           cache, against a plain count.
 json:     from_json (decode) and to_json (encode) of the rows; json_object_keys (the drift pass).
-dedupe:   keep_last by window (shape.dedupe) vs by hash aggregate (max_by), count of the result.
+dedupe:   keep_last by window (kafka_messages.dedupe) vs by hash aggregate (max_by), count of the result.
 """
 
 from __future__ import annotations
@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import functions as F
 
     from bench.k2k import start_spark, stdout_to_stderr
-    from dpone_dagster.spark import shape
-    from dpone_dagster.spark.shape import JSON_WRITE_OPTIONS
+    from dpone_dagster.sinks import kafka_messages
+    from dpone_dagster.sinks.kafka_messages import JSON_WRITE_OPTIONS
 
     out: list[dict[str, Any]] = []
     with stdout_to_stderr(True):
@@ -156,12 +156,12 @@ def main(argv: list[str] | None = None) -> int:
             _measure("json_object_keys distinct", lambda: text.select(F.explode(F.json_object_keys("value"))).distinct().count(), args.repeat, jvm, out)
             _measure("to_json", lambda: base.select(F.to_json(F.struct(*payload), JSON_WRITE_OPTIONS).alias("v")).where(F.length("v") > 0).count(), args.repeat, jvm, out)
         if "dedupe" in only:
-            keyed = base.withColumn(shape.KEY, F.col("order_id").cast("string").cast("binary")).withColumn("__dpone__op", F.lit("upsert"))
-            _measure("dedupe window", lambda: shape.dedupe(keyed, "keep_last").count(), args.repeat, jvm, out)
+            keyed = base.withColumn(kafka_messages.KEY, F.col("order_id").cast("string").cast("binary")).withColumn("__dpone__op", F.lit("upsert"))
+            _measure("dedupe window", lambda: kafka_messages.dedupe(keyed, "keep_last").count(), args.repeat, jvm, out)
 
             def broadcast_winners() -> int:  # the engine's plan up to BROADCAST_DEDUPE_KEYS repeated keys
-                winners = shape.duplicate_winners(keyed, shape.duplicated_keys(keyed), "keep_last")
-                return shape.keep_winners(keyed, winners).count()
+                winners = kafka_messages.duplicate_winners(keyed, kafka_messages.duplicated_keys(keyed), "keep_last")
+                return kafka_messages.keep_winners(keyed, winners).count()
 
             _measure("dedupe broadcast winners", broadcast_winners, args.repeat, jvm, out)
     print(json.dumps({"rows": args.rows, "results": out}))

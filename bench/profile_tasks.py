@@ -46,7 +46,7 @@ def _measure(fn: Callable[[], int], profile: bool) -> dict[str, Any]:
 
 
 def profile_reader(bootstrap: str, topic: str, records: int, profile: bool, **settings: Any) -> dict[str, Any]:
-    from dpone_dagster.spark.kafka_reader import ReaderSettings, _read_one_range
+    from dpone_dagster.sources.kafka_reader import ReaderSettings, _read_one_range
 
     reader = _read_one_range
     rs = ReaderSettings({"bootstrap.servers": bootstrap}, f"prof-{uuid.uuid4().hex[:6]}", **settings)

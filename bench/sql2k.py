@@ -191,7 +191,7 @@ def spark_jdbc_to_writer(
 
     from bench.k2k import engine_producer_config
     from dpone_dagster.sinks.kafka import ProducerSettings, produce
-    from dpone_dagster.spark.shape import JSON_WRITE_OPTIONS
+    from dpone_dagster.sinks.kafka_messages import JSON_WRITE_OPTIONS
 
     started = time.perf_counter()
     def jdbc() -> Any:

@@ -6,6 +6,8 @@ Every name starts with `__dpone__` and none of them is written into a message pa
 
 from __future__ import annotations
 
+from typing import Any
+
 OP = "__dpone__op"  # upsert | delete
 SOURCE_TOPIC = "__dpone__source_topic"
 SOURCE_PARTITION = "__dpone__source_partition"
@@ -18,7 +20,7 @@ ORDER = "__dpone__order"  # source order, used by keep_last / keep_first and ord
 # JSON drift past the schema sample: a record's unknown top-level keys and its text (extract only).
 UNKNOWN_KEYS = "__dpone__unknown_keys"
 UNKNOWN_TEXT = "__dpone__unknown_text"
-# Flat JSON, before the batch is kept: the read task decoded the record (spark/kafka_reader.py).
+# Flat JSON, before the batch is kept: the read task decoded the record (sources/kafka_reader.py).
 JSON_OK = "__dpone__json_ok"
 
 METADATA = frozenset(
@@ -31,3 +33,13 @@ DELETE = "delete"
 
 def payload_columns(columns: list[str]) -> list[str]:
     return [c for c in columns if c not in METADATA]
+
+
+def json_column(index: int) -> str:
+    """Name of the read task's decoded payload field `index` (payload names may clash with raw ones)."""
+    return f"__dpone__json_{index}"
+
+
+def reads_decoded(df: Any) -> bool:
+    """Whether the read tasks decoded this frame's values already (it has the JSON_OK column)."""
+    return JSON_OK in df.columns

@@ -320,8 +320,8 @@ def test_auto_envelope_is_decided_per_record(spark):
     from pyspark.sql.types import StructType
 
     from dpone_dagster import columns as C
+    from dpone_dagster.sources.kafka_reader import RAW_SCHEMA
     from dpone_dagster.spark.decode import decode_json, is_envelope_value
-    from dpone_dagster.spark.kafka_reader import RAW_SCHEMA
 
     values = [
         {"order_id": 1, "status": "new"},

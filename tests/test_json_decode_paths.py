@@ -11,8 +11,8 @@ from pyspark.sql.types import ArrayType, DoubleType, LongType, StringType, Struc
 
 from dpone_dagster import columns as C
 from dpone_dagster.kafka.boundary import ReadTask
+from dpone_dagster.sources.kafka_reader import JSON_OK, ReaderSettings, raw_records, read_ranges, read_records
 from dpone_dagster.spark.decode import decode_json, decoded_in_tasks
-from dpone_dagster.spark.kafka_reader import JSON_OK, ReaderSettings, raw_records, read_ranges, read_records
 from dpone_dagster.spark.keep import keep_batch, release_batch
 
 SCHEMA = StructType(

@@ -25,8 +25,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from dpone_dagster.sinks.kafka_messages import JSON_WRITE_OPTIONS
 from dpone_dagster.spark.json_size import length_bound, name_bound
-from dpone_dagster.spark.shape import JSON_WRITE_OPTIONS
 
 INNER = StructType([StructField("n", LongType()), StructField("s", StringType())])
 SCHEMA = StructType(

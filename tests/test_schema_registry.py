@@ -57,8 +57,8 @@ from dpone_dagster.schema.registry import (
     unframe,
 )
 from dpone_dagster.sinks.kafka import ProducerSettings, produce
+from dpone_dagster.sources.kafka_reader import RAW_SCHEMA, ReaderSettings, read_ranges
 from dpone_dagster.spark.decode import decode_json
-from dpone_dagster.spark.kafka_reader import RAW_SCHEMA, ReaderSettings, read_ranges
 from dpone_dagster.spark.registry_codec import (
     KeyEncoding,
     apply_routes,

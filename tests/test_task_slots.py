@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 
 from dpone_dagster.kafka.boundary import Boundary, PartitionRange, ReadTask, pack_tasks, split_into_tasks
 from dpone_dagster.sinks.kafka import ProducerSettings, produce
-from dpone_dagster.spark.kafka_reader import ReaderSettings, read_ranges
+from dpone_dagster.sources.kafka_reader import ReaderSettings, read_ranges
 from dpone_dagster.spark.slots import local_task_slots
 
 

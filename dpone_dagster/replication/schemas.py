@@ -20,7 +20,7 @@ from dpone_dagster.kafka.boundary import ReadTask
 from dpone_dagster.manifest.models import SchemaRegistryOptions
 from dpone_dagster.replication.plan import PartitionPlan
 from dpone_dagster.schema.registry import ensure_registered, registry_client, subject_name
-from dpone_dagster.spark.kafka_reader import ReaderSettings, read_ranges
+from dpone_dagster.sources.kafka_reader import ReaderSettings, read_ranges
 
 
 def value_schema_ids(

@@ -26,7 +26,7 @@ from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.kafka.inspect import make_consumer, topic_partitions, verified_watermarks
 from dpone_dagster.manifest.models import KafkaSource, Manifest, TopicCreation
 from dpone_dagster.sinks.kafka import ProducerSettings, produce
-from dpone_dagster.spark.shape import message_size
+from dpone_dagster.sinks.kafka_messages import message_size
 
 HEADER_TYPE = "array<struct<key:string,value:binary>>"
 H_PIPELINE = "dpone.error.pipeline"

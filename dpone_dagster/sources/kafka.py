@@ -28,14 +28,14 @@ from dpone_dagster.kafka.windows import PlannedWindow, Recorded, plan_windows
 from dpone_dagster.kafka.windows import Window as TimeWindow
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.schema.inference import infer_schema, merge_structs
-from dpone_dagster.spark import decode
-from dpone_dagster.spark.kafka_reader import (
+from dpone_dagster.sources.kafka_reader import (
     ReaderSettings,
     raw_records,
     read_ranges,
     read_records,
     reads_decoded,
 )
+from dpone_dagster.spark import decode
 
 Log = Callable[[str], None]
 

@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from dpone_dagster import columns as C
-from dpone_dagster.spark.kafka_reader import JSON_OK, json_column, reads_decoded
+from dpone_dagster.columns import JSON_OK, json_column, reads_decoded
 
 _JSON_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": C.CORRUPT}
 DELETE_OPS = ("delete", "d", "DELETE", "D")

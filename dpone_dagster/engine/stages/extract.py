@@ -17,8 +17,8 @@ from dpone_dagster.engine.stages.timing import KeptFrames, Log
 from dpone_dagster.errors import ConfigError
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.manifest.rules import REGISTRY_FORMATS
-from dpone_dagster.spark import shape
-from dpone_dagster.spark.kafka_reader import JSON_OK
+from dpone_dagster.sinks import kafka_messages
+from dpone_dagster.sources.kafka_reader import JSON_OK
 from dpone_dagster.spark.keep import keep_batch, release_batch
 
 
@@ -29,7 +29,7 @@ class Batch:
 
     staged: DataFrame
     counts: dict[str, Any]
-    ctx: shape.ShapeContext
+    ctx: kafka_messages.ShapeContext
     raw: DataFrame | None
 
 
@@ -60,8 +60,8 @@ def extract(
     return Batch(staged.drop(C.UNKNOWN_KEYS, C.UNKNOWN_TEXT), counts, ctx, extracted.raw)
 
 
-def shape_context(manifest: Manifest, result: RunResult) -> shape.ShapeContext:
-    return shape.ShapeContext(
+def shape_context(manifest: Manifest, result: RunResult) -> kafka_messages.ShapeContext:
+    return kafka_messages.ShapeContext(
         pipeline=manifest.name,
         run_id=result.run_id,
         strategy=manifest.sink.strategy.mode,
@@ -74,7 +74,7 @@ def writes_registry_format(manifest: Manifest) -> bool:
 
 
 def _stage_batch(
-    manifest: Manifest, extracted: Any, ctx: shape.ShapeContext
+    manifest: Manifest, extracted: Any, ctx: kafka_messages.ShapeContext
 ) -> tuple[DataFrame, DataFrame, dict[str, Any]]:
     """Keep the extracted batch (the one pass over the source) and read it once for its counts
     and the facts shaping needs. Returns the kept frame (the caller releases it), the batch as
@@ -114,11 +114,11 @@ def _stage_batch(
 UNDECODED = "undecoded"  # records a read task left to the JVM decoder
 
 
-def _batch_counts(manifest: Manifest, staged: DataFrame, ctx: shape.ShapeContext) -> dict[str, Any]:
+def _batch_counts(manifest: Manifest, staged: DataFrame, ctx: kafka_messages.ShapeContext) -> dict[str, Any]:
     """Rows, corrupt records, deletes, drift and the facts shaping checks (`_shape_facts`), in one
     pass; with keep_last/keep_first also the repeated keys (`_counts_by_key`)."""
     try:
-        keyed = shape.sink_key(staged, manifest.sink)
+        keyed = kafka_messages.sink_key(staged, manifest.sink)
         facts = _shape_facts(manifest, keyed, ctx)
     except ConfigError:
         keyed, facts = None, {}  # the key columns are missing: shaping reports it, if it comes to that
@@ -144,7 +144,7 @@ def _batch_counts(manifest: Manifest, staged: DataFrame, ctx: shape.ShapeContext
 
 
 def _keeps_one_per_key(manifest: Manifest) -> bool:
-    return shape.uses_dedupe(manifest.sink) and manifest.sink.strategy.duplicate_policy in (
+    return kafka_messages.uses_dedupe(manifest.sink) and manifest.sink.strategy.duplicate_policy in (
         "keep_last",
         "keep_first",
     )
@@ -157,10 +157,10 @@ def _counts_by_key(manifest: Manifest, keyed: DataFrame, columns: dict[str, Colu
     kept = F.col(C.CORRUPT).isNull()
     if not manifest.sink.options.deletes.enabled:
         kept = kept & (F.col(C.OP) != C.DELETE)
-    per_key = keyed.groupBy(shape.KEY).agg(
+    per_key = keyed.groupBy(kafka_messages.KEY).agg(
         *[column.alias(name) for name, column in columns.items()], F.count(F.when(kept, 1)).alias("__kept")
     )
-    repeated = F.col(shape.KEY).isNotNull() & (F.col("__kept") > 1)
+    repeated = F.col(kafka_messages.KEY).isNotNull() & (F.col("__kept") > 1)
     totals = [F.max(name) if name == "size_bound" else F.coalesce(F.sum(name), F.lit(0)) for name in columns]
     counts = per_key.agg(
         *[total.alias(name) for total, name in zip(totals, columns, strict=True)],
@@ -170,19 +170,19 @@ def _counts_by_key(manifest: Manifest, keyed: DataFrame, columns: dict[str, Colu
     return counts.first().asDict()
 
 
-def _shape_facts(manifest: Manifest, keyed: DataFrame, ctx: shape.ShapeContext) -> dict[str, Column]:
+def _shape_facts(manifest: Manifest, keyed: DataFrame, ctx: kafka_messages.ShapeContext) -> dict[str, Column]:
     """Aggregates of the keyed batch that shaping checks: deletes without a key (a tombstone needs
     one), decoded upserts without their unique key, and the bound on message sizes (JSON sinks;
     absent when a payload type has none)."""
     sink = manifest.sink
-    key_missing = F.col(shape.KEY).isNull() & F.col(C.CORRUPT).isNull()
+    key_missing = F.col(kafka_messages.KEY).isNull() & F.col(C.CORRUPT).isNull()
     facts: dict[str, Column] = {}
     if sink.options.deletes.tombstone:
         facts["keyless_deletes"] = F.count(F.when((F.col(C.OP) == C.DELETE) & key_missing, 1))
     if sink.options.key.mode == "unique_key" and sink.strategy.unique_key_columns:
         facts["keyless_upserts"] = F.count(F.when((F.col(C.OP) == C.UPSERT) & key_missing, 1))
     if not writes_registry_format(manifest):
-        bound = shape.message_size_bound(keyed, sink, ctx)
+        bound = kafka_messages.message_size_bound(keyed, sink, ctx)
         if bound is not None:
             facts["size_bound"] = F.max(bound)
     return facts

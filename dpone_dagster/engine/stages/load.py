@@ -14,9 +14,9 @@ from dpone_dagster.kafka.delivery import DeliveryStats
 from dpone_dagster.kafka.errors import classify_text
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.quality.target import end_offsets
+from dpone_dagster.sinks import kafka_messages
 from dpone_dagster.sinks.dead_letters import DeadLetters
 from dpone_dagster.sinks.kafka import ProducerSettings, produce
-from dpone_dagster.spark import shape
 
 
 def prepare_sink(manifest: Manifest, sink_config: dict) -> dict[int, int] | None:
@@ -43,7 +43,7 @@ def load(manifest: Manifest, messages: DataFrame, sink_config: dict, result: Run
             topic=manifest.sink.topic,
             config=tuple(producer_config(sink_config, delivery).items()),
             flush_timeout_s=delivery.flush_timeout_s,
-            headers_or_partitions=shape.has_headers(manifest.sink),
+            headers_or_partitions=kafka_messages.has_headers(manifest.sink),
         ),
     )
     result.messages_produced = stats.delivered

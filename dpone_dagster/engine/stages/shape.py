@@ -22,8 +22,8 @@ from dpone_dagster.engine.stages.timing import KeptFrames, Log, stage
 from dpone_dagster.errors import RunFailed
 from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.manifest.models import KafkaSource, Manifest
+from dpone_dagster.sinks import kafka_messages
 from dpone_dagster.sinks.dead_letters import DeadLetters
-from dpone_dagster.spark import shape
 
 
 @dataclass(frozen=True)
@@ -62,28 +62,28 @@ def shape_messages(
             )
         batch = batch.where(F.col(C.OP) != C.DELETE)
         result.deletes_skipped = deletes
-    keyed = shape.sink_key(batch, sink)
+    keyed = kafka_messages.sink_key(batch, sink)
     if counts["keyless_deletes"]:
         raise RunFailed(
             f"{counts['keyless_deletes']} delete(s) have no key, so no tombstone can be produced; check unique_key"
         )
     keyless = counts["keyless_upserts"]
     if keyless:
-        bad = keyed.where((F.col(C.OP) == C.UPSERT) & F.col(shape.KEY).isNull()).select(
+        bad = keyed.where((F.col(C.OP) == C.UPSERT) & F.col(kafka_messages.KEY).isNull()).select(
             F.col(C.SOURCE_PARTITION).alias("partition"),
             F.col(C.SOURCE_OFFSET).alias("offset"),
             F.lit(f"missing unique key {list(sink.strategy.unique_key_columns)}").alias("reason"),
         )
         handle_bad_records(manifest, bad, keyless, letters, result, "record(s) have no unique key")
-        keyed = keyed.where(~((F.col(C.OP) == C.UPSERT) & F.col(shape.KEY).isNull()))
+        keyed = keyed.where(~((F.col(C.OP) == C.UPSERT) & F.col(kafka_messages.KEY).isNull()))
     keyed_rows = (
         result.rows_extracted - result.deletes_skipped - result.rows_dead_lettered - result.rows_skipped
     )
     removed = 0  # rows de-duplication drops
-    if sink.strategy.mode in shape.DEDUPE_MODES and options.key.mode == "unique_key":
+    if sink.strategy.mode in kafka_messages.DEDUPE_MODES and options.key.mode == "unique_key":
         policy = sink.strategy.duplicate_policy
         if policy == "fail":
-            count, sample = shape.duplicate_keys(keyed)
+            count, sample = kafka_messages.duplicate_keys(keyed)
             if count:
                 raise RunFailed(
                     f"duplicate_policy: fail — {count} key(s) occur more than once in the batch "
@@ -93,10 +93,10 @@ def shape_messages(
             keyed, removed = _keep_one_per_key(manifest, keyed, policy, counts, kept)
     with stage(result, "quality_published", log):
         pre_publish_gates(manifest, keyed, incremental, result, keyed_rows - removed, "published")
-    if options.key.mode == "unique_key" and not shape.uses_dedupe(sink):
-        keyed = shape.ordered_by_key(keyed)
+    if options.key.mode == "unique_key" and not kafka_messages.uses_dedupe(sink):
+        keyed = kafka_messages.ordered_by_key(keyed)
     registry = _registry_plan(manifest, keyed, clients, result)
-    messages = shape.to_messages(keyed, sink, ctx, registry)
+    messages = kafka_messages.to_messages(keyed, sink, ctx, registry)
     limit = int(producer_config(sink_config, options.delivery).get("message.max.bytes", 1_000_000))
     result.duplicates_removed = removed
     # The accounting is the expectation: reconciliation compares it with the delivery reports.
@@ -122,13 +122,13 @@ def _keep_one_per_key(
         return keyed, 0
     if not isinstance(manifest.source, KafkaSource) or keys > BROADCAST_DEDUPE_KEYS:
         # SQL source orders (watermark, key) can tie: the window picks exactly one row per key.
-        return shape.dedupe(keyed, policy), dropped
-    winners = shape.duplicate_winners(keyed, shape.duplicated_keys(keyed), policy).persist(
+        return kafka_messages.dedupe(keyed, policy), dropped
+    winners = kafka_messages.duplicate_winners(keyed, kafka_messages.duplicated_keys(keyed), policy).persist(
         StorageLevel.MEMORY_AND_DISK
     )
     winners.count()
     kept.add(winners)
-    return shape.keep_winners(keyed, winners), dropped
+    return kafka_messages.keep_winners(keyed, winners), dropped
 
 
 def _measured_messages(
@@ -143,7 +143,7 @@ def _measured_messages(
     """Encode every message once, keep it (the producer tasks read the kept copy) and find those
     over message.max.bytes before producing (brokers may not enforce it); they are bad records.
     Returns (messages, expected count)."""
-    size = shape.message_size(F.col("key"), F.octet_length("value"), F.col("headers"))
+    size = kafka_messages.message_size(F.col("key"), F.octet_length("value"), F.col("headers"))
     sized = messages.withColumn("__size", size).persist(StorageLevel.MEMORY_AND_DISK)
     kept.add(sized)
     too_large = sized.where(F.col("__size") > limit).count()
@@ -172,7 +172,7 @@ def _registry_plan(manifest: Manifest, keyed: DataFrame, clients: RunClients, re
     from dpone_dagster.sinks.registry import plan_registry_write  # the registry clients: only when needed
 
     payload = StructType(
-        [f for f in keyed.schema.fields if f.name in C.payload_columns(keyed.columns) and f.name != shape.KEY]
+        [f for f in keyed.schema.fields if f.name in C.payload_columns(keyed.columns) and f.name != kafka_messages.KEY]
     )
     plan = plan_registry_write(manifest, payload, clients.registry(manifest.sink))
     result.schema_evolution = plan.as_dict()

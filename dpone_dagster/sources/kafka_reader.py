@@ -60,11 +60,7 @@ INCOMPLETE_READ = "DPONE_INCOMPLETE_READ"
 
 
 JSON_OK = C.JSON_OK  # the record's value was decoded in the read task
-
-
-def json_column(index: int) -> str:
-    """Name of the read task's decoded payload field `index` (payload names may clash with raw ones)."""
-    return f"__dpone__json_{index}"
+json_column = C.json_column
 
 
 @dataclass(frozen=True)
@@ -132,8 +128,7 @@ def _single_topic(tasks: list[ReadTask]) -> str | None:
     return topics.pop() if len(topics) == 1 else None
 
 
-def reads_decoded(df: DataFrame) -> bool:
-    return JSON_OK in df.columns
+reads_decoded = C.reads_decoded
 
 
 def _with_decoded(raw: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
