@@ -586,7 +586,8 @@ def test_start_from_latest_records_the_start_for_an_empty_range(broker, spark):
 def test_schema_mapping_rewrites_value_schema_ids(broker, spark):
     from confluent_kafka.schema_registry import Schema
 
-    from dpone_dagster.schema.registry import frame, registry_client, unframe
+    from dpone_dagster.schema.registry import registry_client
+    from dpone_dagster.schema.wire_format import frame, unframe
 
     bs = broker.bootstrap_servers
     src, ctl = unique_topic("src"), unique_topic("ctl")

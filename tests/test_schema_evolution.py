@@ -25,7 +25,7 @@ from dpone_dagster.schema.evolution import (
     plan_evolution,
     promotes,
 )
-from dpone_dagster.schema.registry import DEFAULT_KEY
+from dpone_dagster.schema.values import DEFAULT_KEY
 
 
 def struct(*fields: tuple) -> StructType:

@@ -48,14 +48,12 @@ from dpone_dagster.kafka.boundary import ReadTask
 from dpone_dagster.schema import avro, json_schema, protobuf, registry
 from dpone_dagster.schema.evolution import plan_evolution
 from dpone_dagster.schema.registry import (
-    WireFormatError,
     ensure_registered,
     fetch_latest,
-    frame,
     schemas_by_id,
     subject_name,
-    unframe,
 )
+from dpone_dagster.schema.wire_format import WireFormatError, frame, unframe
 from dpone_dagster.sinks.kafka import ProducerSettings, produce
 from dpone_dagster.sources.kafka_reader import RAW_SCHEMA, ReaderSettings, read_ranges
 from dpone_dagster.spark.decode import decode_json

@@ -48,7 +48,7 @@ from pyspark.sql.types import (
 )
 
 from dpone_dagster.errors import ConfigError
-from dpone_dagster.schema.registry import DEFAULT_KEY, to_spark_value
+from dpone_dagster.schema.values import DEFAULT_KEY, to_spark_value
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PRIMITIVES: dict[type, str] = {
@@ -336,5 +336,5 @@ def _datum(value: Any, dtype: DataType) -> Any:
 
 def from_avro_datum(datum: Any, schema: StructType) -> dict[str, Any]:
     """A decoded fastavro datum as a row for `schema` (projection by field name; see
-    `registry.to_spark_value` for the value rules)."""
+    `values.to_spark_value` for the value rules)."""
     return to_spark_value(datum, schema)

@@ -58,7 +58,7 @@ from pyspark.sql.types import (
 
 from dpone_dagster import columns as C
 from dpone_dagster.errors import ConfigError
-from dpone_dagster.schema.registry import DEFAULT_KEY
+from dpone_dagster.schema.values import DEFAULT_KEY
 
 NC_PREFIX = "__dpone__nc__"
 MODES = ("BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE", "NONE")

@@ -54,7 +54,7 @@ from pyspark.sql.types import (
 )
 
 from dpone_dagster.errors import ConfigError
-from dpone_dagster.schema.registry import DEFAULT_KEY, to_spark_value
+from dpone_dagster.schema.values import DEFAULT_KEY, to_spark_value
 
 DRAFT_07 = "http://json-schema.org/draft-07/schema#"
 TYPE_TAG = "x-dpone-type"
@@ -314,5 +314,5 @@ def decode_json(payload: bytes) -> Any:
 
 
 def from_json_value(obj: Any, schema: StructType) -> dict[str, Any]:
-    """A decoded JSON object as a row for `schema` (see `registry.to_spark_value`)."""
+    """A decoded JSON object as a row for `schema` (see `values.to_spark_value`)."""
     return to_spark_value(obj, schema)

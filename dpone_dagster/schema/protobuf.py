@@ -53,7 +53,8 @@ from pyspark.sql.types import (
 )
 
 from dpone_dagster.errors import ConfigError
-from dpone_dagster.schema.registry import ReferencedFile, to_spark_value
+from dpone_dagster.schema.registry import ReferencedFile
+from dpone_dagster.schema.values import to_spark_value
 
 _FD = FieldDescriptor
 _SCALARS: dict[int, DataType] = {

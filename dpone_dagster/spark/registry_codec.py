@@ -36,7 +36,9 @@ from dpone_dagster import columns as C
 from dpone_dagster.errors import ConfigError
 from dpone_dagster.schema import avro, json_schema, protobuf
 from dpone_dagster.schema.evolution import EvolutionPlan
-from dpone_dagster.schema.registry import SCHEMA_TYPES, WireFormatError, frame, to_spark_value, unframe
+from dpone_dagster.schema.registry import SCHEMA_TYPES
+from dpone_dagster.schema.values import to_spark_value
+from dpone_dagster.schema.wire_format import WireFormatError, frame, unframe
 from dpone_dagster.spark.decode import decoded_columns, record_op
 
 _PAYLOAD = "__dpone__payload"
