@@ -6,6 +6,9 @@ process and of every descendant (the Spark JVM and its Python workers), excludin
 broker, and keeps per-phase peaks. RSS of forked Python workers double-counts the pages they share
 with the pyspark daemon; the proportional set size (PSS, /proc/PID/smaps_rollup) does not, so the
 tree is reported both ways.
+
+Over 500 lines on purpose: every benchmark (k2k, sql2k, replication, micro) imports its helpers
+from this one module, so a figure is always measured the same way.
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ Phases (each reads the same source topic and writes its own sink topic):
 (a) and (b) use the engine's own consumer fetch settings and producer settings (acks=all,
 linger.ms=20, batch.num.messages=10000, no compression), so the figures compare the loops, not the
 client configuration.
+
+One file on purpose (over 500 lines): the phases run in order and compare like with like, so
+they read best side by side; shared helpers live in bench/common.py and bench/variants.py.
 """
 
 from __future__ import annotations

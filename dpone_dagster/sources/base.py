@@ -5,7 +5,7 @@ A run reads one bounded batch:
 1. plan: fix what the run reads before anything is read (Kafka: offset ranges per partition from
    the stored offsets or the windows; SQL: a watermark window from the stored watermark), so that
    a retry reads the same batch. The arguments differ per source, so the engine calls `plan` in a
-   `_plan_<source>` function of engine/run.py, which also names the read for progress and error
+   `_plan_<source>` function of engine/stages/boundary.py, which also names the read for progress and error
    messages, says whether an empty batch means "no new data", and how the state advances once
    the sink succeeded (offsets, watermark). The result is a `Boundary`.
 2. extract: read exactly that boundary on Spark (`BatchSource.extract`); the engine keeps the
