@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -118,6 +119,15 @@ def _parser() -> argparse.ArgumentParser:
     p = broker.add_subparsers(dest="broker_command").add_parser("start")
     p.add_argument("--port", type=int, default=None)
     p.set_defaults(handler=cmd_broker_start)
+
+    server = sub.add_parser("spark-server", help="a long-lived local Spark Connect server for fast small runs")
+    server_sub = server.add_subparsers(dest="server_command", required=True)
+    p = server_sub.add_parser("start", help="start it (or report the one running) and print DPONE_SPARK_REMOTE")
+    p.add_argument("--port", type=int, default=None, help="gRPC port (default 15002)")
+    p.add_argument("--master", default=None, help="Spark master of the server (default DPONE_SPARK_MASTER or local[*])")
+    p.set_defaults(handler=cmd_spark_server_start)
+    for name, handler in (("stop", cmd_spark_server_stop), ("status", cmd_spark_server_status)):
+        server_sub.add_parser(name).set_defaults(handler=handler)
     return parser
 
 
@@ -330,6 +340,38 @@ def cmd_broker_start(args: argparse.Namespace) -> int:
                 time.sleep(3600)
         except KeyboardInterrupt:
             pass
+    return EXIT_OK
+
+
+def cmd_spark_server_start(args: argparse.Namespace) -> int:
+    from dpone_dagster.resources.spark import spark_config_from_env
+    from dpone_dagster.spark import connect_server
+    from dpone_dagster.spark.session import DEBIAN_JDBC_JARS, with_jars
+
+    # The server serves every pipeline: every JDBC driver installed goes on its classpath.
+    jars = [jar for jar in DEBIAN_JDBC_JARS.values() if os.path.exists(jar)]
+    conf = with_jars({k: v for k, v in spark_config_from_env().items() if k != "spark.remote"}, jars)
+    status = connect_server.start(port=args.port or connect_server.DEFAULT_PORT, master=args.master, conf=conf)
+    say(f"Spark Connect server running (pid {status.pid}, log {status.log})")
+    say(f"export DPONE_SPARK_REMOTE={status.url}")
+    return EXIT_OK
+
+
+def cmd_spark_server_stop(args: argparse.Namespace) -> int:
+    from dpone_dagster.spark import connect_server
+
+    say("Spark Connect server stopped" if connect_server.stop() else "no Spark Connect server was running")
+    return EXIT_OK
+
+
+def cmd_spark_server_status(args: argparse.Namespace) -> int:
+    from dpone_dagster.spark import connect_server
+
+    status = connect_server.status()
+    if not status.running:
+        say("no Spark Connect server is running (start one with `dpone spark-server start`)")
+        return EXIT_FAILED
+    say(f"Spark Connect server running on {status.url} (pid {status.pid}, log {status.log})")
     return EXIT_OK
 
 

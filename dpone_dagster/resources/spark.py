@@ -1,5 +1,6 @@
 """Spark resource: dagster-pyspark's lazy session with the engine's defaults (local[*] unless
-DPONE_SPARK_MASTER or the resource config says otherwise). One session per run process."""
+DPONE_SPARK_MASTER or the resource config says otherwise), or a Spark Connect session when
+DPONE_SPARK_REMOTE (or spark.remote in DPONE_SPARK_CONF) names a server. One session per run process."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from dagster_pyspark import LazyPySparkResource
 
 from dpone_dagster.child_env import withheld_from_children
-from dpone_dagster.spark.session import default_spark_conf, ensure_executor_python, with_jars
+from dpone_dagster.spark.session import client_conf, default_spark_conf, ensure_executor_python, with_jars
 
 
 class DponeSparkResource(LazyPySparkResource):
@@ -31,4 +32,4 @@ def spark_config_from_env() -> dict[str, Any]:
 def spark_resource(jars: list[str] | None = None) -> DponeSparkResource:
     """The run's Spark session settings; `jars` (JDBC drivers) join any from DPONE_SPARK_CONF."""
     ensure_executor_python()
-    return DponeSparkResource(spark_config=with_jars(spark_config_from_env(), jars or []))
+    return DponeSparkResource(spark_config=client_conf(with_jars(spark_config_from_env(), jars or [])))

@@ -1,4 +1,5 @@
-"""The Spark session used by the engine: local[*] by default, any master through configuration."""
+"""The Spark session used by the engine: local[*] by default, any master through configuration,
+or a Spark Connect server (`spark.remote`, DPONE_SPARK_REMOTE or SPARK_REMOTE: sc://host:port)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,23 @@ def default_spark_conf() -> dict[str, Any]:
         "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN -Duser.timezone=UTC -XX:+UseParallelGC",
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC -XX:+UseParallelGC",
     }
+
+
+REMOTE_ENV = "DPONE_SPARK_REMOTE"
+
+
+def remote_url(conf: dict[str, Any] | None = None) -> str | None:
+    """The Spark Connect server to use, if any: `spark.remote`, else DPONE_SPARK_REMOTE or SPARK_REMOTE."""
+    return (conf or {}).get("spark.remote") or os.environ.get(REMOTE_ENV) or os.environ.get("SPARK_REMOTE") or None
+
+
+def client_conf(conf: dict[str, Any]) -> dict[str, Any]:
+    """What a session may set. On Spark Connect only runtime SQL settings travel with the session;
+    the master, JVM options, task retries and jars belong to the server (`dpone spark-server`)."""
+    url = remote_url(conf)
+    if url is None:
+        return conf
+    return {"spark.remote": url, **{k: v for k, v in conf.items() if k.startswith("spark.sql.")}}
 
 
 # JDBC drivers as Debian installs them (libpostgresql-jdbc-java, libmariadb-java, libjtds-java).
@@ -70,12 +88,16 @@ def ensure_executor_python() -> None:
 
 
 def get_spark(conf: dict[str, Any] | None = None) -> SparkSession:
+    """A classic session (a JVM started by this process), or a Spark Connect session when a
+    remote server is configured (no JVM here; the server runs the work)."""
     ensure_executor_python()
+    settings = client_conf({**default_spark_conf(), **(conf or {})})
     builder = SparkSession.builder
-    for key, value in {**default_spark_conf(), **(conf or {})}.items():
+    for key, value in settings.items():
         builder = builder.config(key, value)
     # The JVM and its Python workers copy this process's environment: credentials stay here.
     with withheld_from_children():
         session = builder.getOrCreate()
-    session.sparkContext.setLogLevel(os.environ.get("DPONE_SPARK_LOG_LEVEL", "ERROR"))
+    if "spark.remote" not in settings:  # a Connect session has no SparkContext
+        session.sparkContext.setLogLevel(os.environ.get("DPONE_SPARK_LOG_LEVEL", "ERROR"))
     return session

@@ -1,0 +1,98 @@
+"""Spark Connect mode: a real Connect server started with `dpone spark-server start` (the pyspark
+package's own server), and the engine run against it by `dpone run` and by `dagster asset
+materialize` with DPONE_SPARK_REMOTE, each asserted on the target topic and the stored offsets.
+
+Clients run in their own processes: a Connect session switches PySpark in its process to
+Connect mode, which the rest of this suite's classic session must not see.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import consume_all, create_topic, produce_json, unique_topic
+
+from dpone_dagster.embedded_broker import free_port
+from dpone_dagster.spark.session import client_conf
+from dpone_dagster.state.local import LocalStateStore
+
+pytestmark = pytest.mark.spark_connect
+
+
+def dpone(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dpone_dagster.cli", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory) -> Iterator[tuple[str, Path]]:
+    """A Connect server on a free port for this module; stopped (and seen stopped) at the end."""
+    home = tmp_path_factory.mktemp("spark_connect")
+    env = {**os.environ, "DPONE_SPARK_MASTER": "local[2]"}
+    env.pop("DPONE_SPARK_REMOTE", None)
+    started = dpone("spark-server", "start", "--port", str(free_port()), env=env, cwd=home)
+    assert started.returncode == 0, started.stdout + started.stderr
+    url = next(line.split("=", 1)[1] for line in started.stdout.splitlines() if line.startswith("export DPONE_SPARK_REMOTE="))
+    try:
+        yield url, home
+    finally:
+        stopped = dpone("spark-server", "stop", env=env, cwd=home)
+        assert "stopped" in stopped.stdout
+        assert dpone("spark-server", "status", env=env, cwd=home).returncode == 1
+
+
+def test_client_settings_leave_server_settings_to_the_server(monkeypatch):
+    monkeypatch.delenv("DPONE_SPARK_REMOTE", raising=False)
+    monkeypatch.delenv("SPARK_REMOTE", raising=False)
+    conf = {"spark.master": "local[2]", "spark.task.maxFailures": "1", "spark.sql.session.timeZone": "UTC"}
+    assert client_conf(conf) == conf  # classic: unchanged
+    monkeypatch.setenv("DPONE_SPARK_REMOTE", "sc://127.0.0.1:15002")
+    assert client_conf(conf) == {"spark.remote": "sc://127.0.0.1:15002", "spark.sql.session.timeZone": "UTC"}
+
+
+def test_dpone_run_and_dagster_materialize_on_a_connect_server(broker, connect_server, tmp_path):
+    url, home = connect_server
+    assert dpone("spark-server", "status", env=dict(os.environ), cwd=home).returncode == 0
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("connect"), unique_topic("connect_out")
+    create_topic(bs, src, 2)
+    create_topic(bs, dst, 2)
+    for partition in range(2):
+        produce_json(bs, src, [{"order_id": partition * 1000 + i} for i in range(500)], partition=partition)
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    state = tmp_path / "state"
+    (manifests / "connect_run.yaml").write_text(f"""
+name: connect_run
+source: {{type: kafka, connection_id: kafka_cluster, topic: {src}}}
+sink:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {dst}
+  strategy: {{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}}
+state: {{type: local, path: {state}}}
+""")
+    env = {
+        **os.environ,
+        "KAFKA_CLUSTER_BOOTSTRAP_SERVERS": bs,
+        "DPONE_SPARK_REMOTE": url,
+        "DPONE_MANIFESTS_DIR": str(manifests),
+        "DAGSTER_HOME": str(tmp_path),
+    }
+    run = dpone("run", str(manifests / "connect_run.yaml"), env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert sorted(r["value"]["order_id"] for r in consume_all(bs, dst)) == sorted(p * 1000 + i for p in range(2) for i in range(500))
+    assert LocalStateStore(str(state)).load_offsets(src, "dpone.connect_run") == {0: 500, 1: 500}
+
+    produce_json(bs, src, [{"order_id": 5000 + i} for i in range(10)], partition=0)
+    materialize = subprocess.run(
+        [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "dpone_dagster.definitions", "--select", "connect_run"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )
+    assert materialize.returncode == 0, materialize.stdout[-3000:] + materialize.stderr[-3000:]
+    assert len(consume_all(bs, dst)) == 1010  # only the 10 new records were read and produced
+    assert LocalStateStore(str(state)).load_offsets(src, "dpone.connect_run") == {0: 510, 1: 500}
