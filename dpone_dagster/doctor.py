@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpone_dagster.redact import redact_text
+from dpone_dagster.spark.session import remote_url
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,8 @@ def _spark_session() -> Check:
         spark = _doctor_spark()
         version = spark.version
         count = spark.range(10).count()
-        return Check("spark session", "ok" if count == 10 else "fail", f"Spark {version} on {spark.sparkContext.master}", required=True)
+        where = remote_url() or spark.sparkContext.master  # a Connect session has no SparkContext
+        return Check("spark session", "ok" if count == 10 else "fail", f"Spark {version} on {where}", required=True)
     except Exception as exc:
         return Check("spark session", "fail", _short(exc), "check JAVA_HOME and that pyspark matches the cluster", True)
 
