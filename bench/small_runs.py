@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small", type=int, default=1000, help="messages per run")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per mode")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--server-conf", action="append", default=[], help="KEY=VALUE for the Connect server (via DPONE_SPARK_CONF)")
     args = parser.parse_args(argv)
     python = sys.executable
     figures: dict[str, Any] = {"messages_per_run": args.small, "repeat": args.repeat}
@@ -135,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         figures["cold_run_s"] = series(run, env, args.repeat, "cold")
         figures["cold_materialize_s"] = series(materialize, env, args.repeat)
         server_started = time.perf_counter()
-        subprocess.run([python, "-m", "dpone_dagster.cli", "spark-server", "start", "--port", "15012"], env=env, cwd=work, check=True, capture_output=True)
+        server_env = {**env, "DPONE_SPARK_CONF": json.dumps(dict(item.split("=", 1) for item in args.server_conf))}
+        subprocess.run([python, "-m", "dpone_dagster.cli", "spark-server", "start", "--port", "15012"], env=server_env, cwd=work, check=True, capture_output=True)
         figures["server_start_s"] = round(time.perf_counter() - server_started, 2)
         warm_env = {**env, "DPONE_SPARK_REMOTE": "sc://127.0.0.1:15012"}
         try:
