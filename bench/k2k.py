@@ -469,11 +469,20 @@ def ratios(phases: dict[str, PhaseResult]) -> dict[str, float | None]:
     }
 
 
+# Goals of the engine against the hand-written loop (b), measured in one run: throughput with
+# both cores against one, and CPU per message at most 25% above the loop's.
+GOAL_C_OVER_B = 1.2
+GOAL_CPU_C_OVER_B = 0.8
+
+
 def targets(report: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     ratios_ = report["ratios"]
     if ratios_.get("c/b") is not None:
         out["c_at_least_b"] = ratios_["c/b"] >= 1.0
+        out[f"goal c/b >= {GOAL_C_OVER_B}"] = ratios_["c/b"] >= GOAL_C_OVER_B
+    if ratios_.get("cpu c/b") is not None:
+        out[f"goal cpu c/b >= {GOAL_CPU_C_OVER_B}"] = ratios_["cpu c/b"] >= GOAL_CPU_C_OVER_B
     if ratios_.get("c/a") is not None:
         out["c_at_least_half_a"] = ratios_["c/a"] >= 0.5
     for key in report["phases"]:
