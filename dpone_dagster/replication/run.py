@@ -383,7 +383,9 @@ def _spec(
         keep_timestamps=replication.keep_timestamps,
         tracing_headers=replication.tracing_headers,
         transaction_timeout_ms=replication.transaction_timeout_ms,
-        records_per_transaction=source.options.records_per_task,
+        records_per_transaction=replication.records_per_transaction,
+        # Checked between consumed batches: half the timeout leaves room for the last batch and the commit.
+        seconds_per_transaction=min(replication.seconds_per_transaction, replication.transaction_timeout_ms / 2000),
         schema_id_map=schema_map,
         consumer_overrides=dict(source.options.consumer_config),
         batch_size=min(source.options.batch_size, 10_000),
