@@ -48,6 +48,12 @@ ErrorClass = Literal["fenced", "fatal", "retriable", "abortable"]
 CrashPoint = Literal["after_data", "before_commit"]
 _FENCED_CODES = (KafkaError.PRODUCER_FENCED, KafkaError._FENCED)
 _MAGIC_BYTE = 0
+# Bytes a task may hold in librdkafka's queues, per client: the consumer's prefetch and the
+# producer's unacknowledged records. 64 MB is ~280,000 records of 230 bytes (far more than are in
+# flight at full speed) and 70 records of 900 KB, so memory does not grow with the record size.
+QUEUE_KBYTES = 65_536
+FIRST_BATCH = 16  # records in a task's first consume(), before their size is known
+BATCH_BYTES = 8 * 1024 * 1024
 
 
 class ReplicationError(RunFailed):
@@ -211,7 +217,7 @@ class TransactionalProducer:
                 return
             except BufferError:
                 # Local queue full: serve delivery reports until there is room again.
-                self._producer.poll(0.05)
+                self._producer.poll(0.005)
             except KafkaException as exc:
                 error = exc.args[0]
                 kind = classify(error)
@@ -240,7 +246,9 @@ class TransactionalProducer:
                                 headers=message.headers() if headers else None)
                         break
                     except BufferError:
-                        self._producer.poll(0.05)  # local queue full: serve the broker's acks first
+                        # Local queue full: wait for the broker's acks (only errors are reported,
+                        # so a poll returns after its timeout, not at the first ack).
+                        self._producer.poll(0.005)
                 nbytes += (len(key) if key else 0) + (len(value) if value else 0)
         except KafkaException as exc:
             error = exc.args[0]
@@ -327,6 +335,9 @@ def _consumer_config(spec: ReplicationSpec) -> dict[str, Any]:
         "isolation.level": "read_committed",
         "fetch.max.bytes": 52_428_800,
         "max.partition.fetch.bytes": 10_485_760,
+        # The prefetch queue is bounded in bytes, not only in records (100,000 by default): large
+        # records would otherwise make a task's memory grow with the record size.
+        "queued.max.messages.kbytes": QUEUE_KBYTES,
         **spec.consumer_overrides,
     })
 
@@ -337,10 +348,17 @@ def read_batches(consumer: Consumer, spec: ReplicationSpec, start: int, end: int
     topic, partition = spec.source_topic, spec.source_partition
     consumer.assign([TopicPartition(topic, partition, start)])
     position, empty_polls = start, 0
+    # consume() gathers up to num_messages whatever their size (it drains the prefetch queue while
+    # it waits), so the count is derived from the record size seen so far: a small first batch, then
+    # about BATCH_BYTES per batch. Memory then stays flat from 200-byte to 1-MB records.
+    per_batch = FIRST_BATCH
     while position < end:
         # Never more than what is left: consume() waits its whole timeout for a batch it cannot fill.
-        wanted = max(1, min(spec.batch_size, end - position))
+        wanted = max(1, min(per_batch, spec.batch_size, end - position))
         batch = consumer.consume(num_messages=wanted, timeout=spec.poll_timeout_ms / 1000)
+        size = sum(len(m) for m in batch)
+        if batch:
+            per_batch = max(1, BATCH_BYTES * len(batch) // max(1, size))
         records: list[Any] = []
         for message in batch:
             err = message.error()

@@ -28,7 +28,7 @@ from dpone_dagster.replication.control_topic import (
     ensure_control_topic,
     snapshot_control_topic,
 )
-from dpone_dagster.replication.eos_task import ReplicationSpec, replicate_range
+from dpone_dagster.replication.eos_task import QUEUE_KBYTES, ReplicationSpec, replicate_range
 from dpone_dagster.replication.mapping import resolve_source_topics, resolve_targets, target_partition
 from dpone_dagster.replication.plan import PartitionPlan, plan_partitions
 
@@ -363,6 +363,8 @@ def _spec(
     # Java clients' partitioner, so `partitioner` mapping places keys where the target's own
     # producers would (librdkafka's default hashes differently).
     producer.setdefault("partitioner", "murmur2_random")
+    if "queue.buffering.max.kbytes" not in options.delivery.producer_config:
+        producer["queue.buffering.max.kbytes"] = QUEUE_KBYTES  # bounded memory (see eos_task)
     spec = ReplicationSpec(
         pipeline=manifest.name,
         run_id=run_id,
