@@ -532,3 +532,10 @@ def replicate_range(spec: ReplicationSpec) -> dict[str, Any]:
     finally:
         consumer.close()
     return stats
+
+
+def run_task(specs: list[ReplicationSpec], index: int) -> dict[str, Any]:
+    """One Spark task: replicate `specs[index]`; its stats name the executor that ran it."""
+    import socket
+
+    return {**replicate_range(specs[index]), "executor": f"{socket.gethostname()}:{os.environ.get('SPARK_EXECUTOR_ID', 'driver')}"}
