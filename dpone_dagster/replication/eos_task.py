@@ -141,7 +141,7 @@ class ReplicationSpec:
     keep_timestamps: bool = True
     tracing_headers: bool = False
     transaction_timeout_ms: int = 60_000
-    # Offsets per transaction (None: the whole range in one) and seconds per transaction (None: no
+    # Records per transaction (None: the whole range in one) and seconds per transaction (None: no
     # limit); see ReplicationOptions for the trade-off.
     records_per_transaction: int | None = None
     seconds_per_transaction: float | None = None
@@ -402,19 +402,47 @@ def _crash(spec: ReplicationSpec, producer: TransactionalProducer) -> None:
     raise SimulatedCrash(f"simulated crash of {spec.transactional_id} before commit_transaction")
 
 
-def _one_transaction(
-    producer: TransactionalProducer, consumer: Consumer, spec: ReplicationSpec, start: int, end: int
-) -> tuple[int, int, int]:
-    """Copy [start, end) in one transaction, or less when `seconds_per_transaction` runs out first;
-    (records, bytes, next offset) of what was committed."""
+class RangeReader:
+    """The records of [start, end) for consecutive transactions, from one consumer assignment:
+    re-assigning per transaction would wait out the fetch in flight (the broker holds it up to
+    fetch.wait.max.ms, 500 ms, at the end of the log)."""
+
+    def __init__(self, consumer: Consumer, spec: ReplicationSpec, start: int) -> None:
+        self._consumer, self._spec = consumer, spec
+        self.rewind(start)
+
+    def rewind(self, start: int) -> None:
+        """Read again from `start` (an aborted transaction is redone from its first offset)."""
+        self._batches = read_batches(self._consumer, self._spec, start, self._spec.end)
+        self._left: list[Any] = []
+
+    def take(self, limit: int) -> list[Any] | None:
+        """At most `limit` (>= 1) next records; None once the range is read."""
+        if not self._left:
+            self._left = next(self._batches, [])
+            if not self._left:
+                return None
+        taken, self._left = self._left[:limit], self._left[limit:]
+        return taken
+
+
+def _one_transaction(producer: TransactionalProducer, reader: RangeReader, spec: ReplicationSpec) -> tuple[int, int, int]:
+    """Copy the next records in one transaction, up to `records_per_transaction` or until
+    `seconds_per_transaction` ran out, and commit the offset after them with them;
+    (records, bytes, next offset)."""
     producer.begin()
     records = nbytes = 0
+    limit = spec.records_per_transaction or spec.end  # more than the range holds
     deadline = time.monotonic() + spec.seconds_per_transaction if spec.seconds_per_transaction else None
-    next_offset = end
+    next_offset = spec.end
     # Records copied as they are take the fast path; tracing headers and schema ids need a per-record rewrite.
     as_is = not spec.tracing_headers and not spec.schema_id_map
     partition = target_partition(spec.source_partition, spec.target_partitions, spec.partition_mapping)
-    for batch in read_batches(consumer, spec, start, end):
+    while True:
+        batch = reader.take(limit - records)
+        if batch is None:
+            next_offset = spec.end  # the range is read (gaps after the last record included)
+            break
         if as_is:
             nbytes += producer.produce_batch(
                 spec.target_topic, -1 if partition is None else partition, batch, spec.replicate_headers,
@@ -426,12 +454,10 @@ def _one_transaction(
                 producer.produce(spec.target_topic, **kwargs)
                 nbytes += len(kwargs["key"] or b"") + len(kwargs["value"] or b"")
         records += len(batch)
+        next_offset = batch[-1].offset() + 1
         producer.poll()  # serve delivery reports (errors only) and keep the queue moving
-        if deadline is not None and time.monotonic() > deadline:
-            next_offset = batch[-1].offset() + 1  # the rest goes into the next transaction
-            if next_offset < end:
-                break
-            next_offset = end
+        if records >= limit or (deadline is not None and time.monotonic() > deadline):
+            break  # the rest goes into the next transaction
     if spec.crash == "after_data":
         _crash(spec, producer)
     key, value = offset_record(
@@ -453,21 +479,22 @@ def _abort_quietly(producer: TransactionalProducer) -> None:
 
 
 def _transaction_with_retries(
-    producer: TransactionalProducer, consumer: Consumer, spec: ReplicationSpec, start: int, end: int
+    producer: TransactionalProducer, reader: RangeReader, spec: ReplicationSpec, start: int
 ) -> tuple[int, int, int, int]:
     """(records, bytes, next offset, aborted attempts) of the committed transaction from `start`."""
     for attempt in range(1, spec.max_attempts + 1):
         try:
-            records, nbytes, next_offset = _one_transaction(producer, consumer, spec, start, end)
+            records, nbytes, next_offset = _one_transaction(producer, reader, spec)
             return records, nbytes, next_offset, attempt - 1
         except TransactionAbortable as exc:
             producer.abort()  # raises when even the abort fails (fatal)
             if attempt == spec.max_attempts:
                 raise ReplicationError(
-                    f"{spec.source_topic}[{spec.source_partition}] [{start}, {end}): transaction aborted "
+                    f"{spec.source_topic}[{spec.source_partition}] from offset {start}: transaction aborted "
                     f"{attempt} times, last: {exc}"
                 ) from None
             time.sleep(_backoff(attempt))
+            reader.rewind(start)  # the aborted records are redone
         except (ProducerFenced, FatalTransactionError):
             raise  # no abort: the producer is unusable / not ours any more
         except Exception:
@@ -518,10 +545,9 @@ def replicate_range(spec: ReplicationSpec) -> dict[str, Any]:
         # A partition never committed gets at least one (possibly record-less) transaction, so its
         # start offset is recorded and the next run continues from it.
         position = start
-        step = spec.records_per_transaction or max(1, spec.end - start)
+        reader = RangeReader(consumer, spec, start)
         while True:
-            chunk_end = min(spec.end, position + step)
-            records, nbytes, position, aborted = _transaction_with_retries(producer, consumer, spec, position, chunk_end)
+            records, nbytes, position, aborted = _transaction_with_retries(producer, reader, spec, position)
             stats["records"] += records
             stats["bytes"] += nbytes
             stats["aborted"] += aborted
