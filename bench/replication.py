@@ -297,7 +297,10 @@ def _phase(sampler: TreeSampler | None, name: str) -> Any:
     return sampler.phase(name) if sampler is not None else nullcontext(None)
 
 
-def run_bench(bootstrap: str, args: argparse.Namespace, sampler: TreeSampler | None, log: Any) -> dict[str, Any]:
+def run_bench(
+    bootstrap: str, args: argparse.Namespace, sampler: TreeSampler | None, log: Any, spark: Any = None
+) -> dict[str, Any]:
+    """Generate, run the phases of `args.only`, verify each target; a `spark` passed in is used as is."""
     src = f"bench_rsrc_{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, src, args.partitions)
     log(f"generating {args.messages} records into {src} ({args.partitions} partitions)")
@@ -327,10 +330,11 @@ def run_bench(bootstrap: str, args: argparse.Namespace, sampler: TreeSampler | N
         phases["t"].verified = same_records(expected, digest(bootstrap, dst, args.partitions), "(t)")
 
     if "r" in only:
-        log("starting Spark")
-        with _phase(sampler, "spark_start") as peaks:
-            spark, start = start_spark()
-        report["spark_start"] = {**start, "memory_mb": peaks.as_mb() if peaks else {}}
+        if spark is None:
+            log("starting Spark")
+            with _phase(sampler, "spark_start") as peaks:
+                spark, start = start_spark()
+            report["spark_start"] = {**start, "memory_mb": peaks.as_mb() if peaks else {}}
         with tempfile.TemporaryDirectory(prefix="dpone-bench-state-") as state_dir:
             log("(r) dpone run_pipeline (replication)")
             with _phase(sampler, "r") as peaks:
