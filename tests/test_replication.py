@@ -422,6 +422,37 @@ def test_crash_raising_in_a_direct_task_call_keeps_the_offset(broker):
     assert replicate_range(replace(spec, crash=None))["committed"] is False
 
 
+def test_transactions_end_after_their_records_or_seconds(broker):
+    """records_per_transaction cuts the range by offsets; seconds_per_transaction ends a transaction
+    after the batch during which it ran out. Either way the control offset ends at the range end
+    and every record is copied once, in order."""
+    bs = broker.bootstrap_servers
+    src, ctl = unique_topic("src"), unique_topic("ctl")
+    create_topic(bs, src, 1)
+    create_topic(bs, ctl, 1, {"cleanup.policy": "compact"})
+    produce_json(bs, src, [{"n": i} for i in range(50)])
+    config = {"bootstrap.servers": bs}
+    for name, limits, transactions in (
+        ("records", {"records_per_transaction": 20}, 3),
+        ("seconds", {"seconds_per_transaction": 1e-6}, None),
+    ):
+        dst = unique_topic(f"dst_{name}")
+        create_topic(bs, dst, 1)
+        spec = ReplicationSpec(
+            pipeline=f"limits_{name}", run_id="r1", source_config=config, target_config=config,
+            producer_config={**config, "linger.ms": 5}, source_topic=src, source_partition=0,
+            planned_start=0, end=50, target_topic=dst, commit_group=f"limits_{name}", control_topic=ctl, **limits,
+        )
+        stats = replicate_range(spec)
+        assert (stats["records"], stats["committed"]) == (50, True)
+        if transactions is not None:
+            assert stats["transactions"] == transactions
+        else:
+            assert stats["transactions"] > 1  # one batch per transaction
+        assert control_offsets(bs, ctl, f"limits_{name}") == {(src, 0): 50}
+        assert [json.loads(v)["n"] for v in payloads(consume_raw(bs, dst))] == list(range(50))
+
+
 def test_second_producer_with_the_same_transactional_id_fences_the_first(broker):
     bs = broker.bootstrap_servers
     topic = unique_topic("fence")

@@ -287,6 +287,15 @@ class ReplicationOptions(StrictModel):
     schema_mapping: bool = False
     control_topic: ControlTopicOptions = Field(default_factory=ControlTopicOptions)
     transaction_timeout_ms: int = Field(default=60_000, gt=0)
+    # Transaction size: a task commits after this many source records or this many seconds,
+    # whichever comes first (each commit also writes the control-topic offset). Bigger transactions
+    # cost less per record (one commit and one control record each), but a failure redoes more,
+    # and read_committed consumers of the target see none of a transaction until it commits.
+    # Measured (2M records of 230 bytes, 2 cores, embedded broker): 10,000 to 100,000 per
+    # transaction copy at the same rate, so the default stays small (~12 MB of such records).
+    # The seconds also keep transactions of large records well inside transaction_timeout_ms.
+    records_per_transaction: int = Field(default=50_000, gt=0)
+    seconds_per_transaction: float = Field(default=10.0, gt=0)
 
 
 class TopicCreation(StrictModel):

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from dpone_dagster.errors import ConfigError, RunFailed
 from dpone_dagster.kafka.config import driver_client_config
-from dpone_dagster.kafka.inspect import make_consumer, topic_partitions, verified_watermarks
+from dpone_dagster.kafka.inspect import make_consumer, topic_partitions
 from dpone_dagster.manifest.models import ControlTopicOptions, Manifest
 from dpone_dagster.state.base import RunRecord
 
@@ -239,12 +239,13 @@ def snapshot_control_topic(
     wait_s: float = 90.0,
     missing_ok: bool = False,
 ) -> ControlSnapshot:
-    """Read the whole control topic read_committed up to its verified end; latest entry per key.
+    """Read the whole control topic read_committed up to its end; latest entry per key.
 
-    The end is the high watermark seen now, and the read is complete only when the consumer
-    position reaches it: the last stable offset stays behind an open transaction, so reaching the
-    end proves that every transaction that wrote before this call has committed or aborted (a task
-    that committed and then died is never read as "not committed yet").
+    The end of each partition is the high watermark of the first fetch response, and the read is
+    complete only when the consumer position reaches it: the last stable offset stays behind an
+    open transaction, so reaching the end proves that every transaction that wrote before this call
+    has committed or aborted (a task that committed and then died is never read as "not committed
+    yet").
     """
     consumer = make_consumer(
         client_config,
@@ -253,6 +254,9 @@ def snapshot_control_topic(
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",  # compaction/retention may move the log start meanwhile
             "max.partition.fetch.bytes": 10_485_760,
+            # At the end of a partition the broker holds a fetch this long; every task reads here
+            # before its first transaction, so the default 500 ms would be paid per task.
+            "fetch.wait.max.ms": 50,
         },
     )
     try:
@@ -262,9 +266,7 @@ def snapshot_control_topic(
             if missing_ok:
                 return ControlSnapshot({}, True, {})
             raise
-        watermarks = verified_watermarks(consumer, control_topic, partitions)
-        ends = {p: wm.high for p, wm in watermarks.items() if wm.high > wm.low}
-        records, behind = _read_until(consumer, control_topic, {p: watermarks[p].low for p in ends}, ends, wait_s)
+        records, behind = _read_to_end(consumer, control_topic, partitions, wait_s)
     finally:
         consumer.close()
     return ControlSnapshot(fold_records(records, commit_group, topics), not behind, behind)
@@ -290,20 +292,28 @@ def read_control_topic(
     return snapshot.entries
 
 
-def _read_until(
-    consumer: Any, topic: str, starts: dict[int, int], ends: dict[int, int], wait_s: float
-) -> tuple[list[tuple[bytes | None, bytes | None, int, int, int]], dict[int, tuple[int, int]]]:
-    """(records below the ends, {partition: (reached, end)} of partitions not read to the end)."""
-    if not ends:
+ControlRecord = tuple[bytes | None, bytes | None, int, int, int]  # key, value, partition, offset, timestamp
+
+
+def _read_to_end(
+    consumer: Any, topic: str, partitions: list[int], wait_s: float
+) -> tuple[list[ControlRecord], dict[int, tuple[int, int]]]:
+    """(records below the ends, {partition: (reached, end)} of partitions not read to the end).
+
+    One pass from the log start. A partition's end is fixed from the first fetch response that
+    reaches the client: a Fetch carries the true high watermark (ListOffsets may under-report it,
+    as the embedded broker does), and that response is newer than this call.
+    """
+    if not partitions:
         return [], {}
-    consumer.assign([TopicPartition(topic, p, starts[p]) for p in ends])
-    reached = dict(starts)
-    out: list[tuple[bytes | None, bytes | None, int, int, int]] = []
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+    ends: dict[int, int] = {}
+    reached = dict.fromkeys(partitions, -1)
+    out: list[ControlRecord] = []
     deadline = time.monotonic() + wait_s
-    while any(reached[p] < ends[p] for p in ends):
-        if time.monotonic() > deadline:
-            return out, {p: (reached[p], ends[p]) for p in ends if reached[p] < ends[p]}
-        for message in consumer.consume(num_messages=10_000, timeout=0.5):
+    while True:
+        # A short timeout: consume() waits it out whenever the batch cannot be filled (at the end).
+        for message in consumer.consume(num_messages=10_000, timeout=0.1):
             err = message.error()
             p = message.partition()
             if err is not None:
@@ -313,13 +323,21 @@ def _read_until(
                     continue
                 raise RunFailed(f"control topic '{topic}'[{p}]: fetch failed: {err}")
             reached[p] = max(reached[p], message.offset() + 1)
-            if message.offset() < ends[p]:
-                out.append((message.key(), message.value(), p, message.offset(), message.timestamp()[1]))
+            out.append((message.key(), message.value(), p, message.offset(), message.timestamp()[1]))
+        for p in partitions:
+            if p not in ends:
+                high = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)[1]
+                if high >= 0:
+                    ends[p] = high
         # Commit markers and aborted batches move the position without delivering a record.
-        for tp in consumer.position([TopicPartition(topic, p) for p in ends]):
+        for tp in consumer.position([TopicPartition(topic, p) for p in partitions]):
             if tp.offset >= 0:
                 reached[tp.partition] = max(reached[tp.partition], tp.offset)
-    return out, {}
+        behind = {p: (reached[p], ends.get(p, -1)) for p in partitions if p not in ends or reached[p] < ends[p]}
+        if not behind:
+            return [r for r in out if r[3] < ends[r[2]]], {}
+        if time.monotonic() > deadline:
+            return [r for r in out if r[3] < ends.get(r[2], 0)], behind
 
 
 def read_committed_offsets(

@@ -48,6 +48,12 @@ ErrorClass = Literal["fenced", "fatal", "retriable", "abortable"]
 CrashPoint = Literal["after_data", "before_commit"]
 _FENCED_CODES = (KafkaError.PRODUCER_FENCED, KafkaError._FENCED)
 _MAGIC_BYTE = 0
+# Bytes a task may hold in librdkafka's queues, per client: the consumer's prefetch and the
+# producer's unacknowledged records. 64 MB is ~280,000 records of 230 bytes (far more than are in
+# flight at full speed) and 70 records of 900 KB, so memory does not grow with the record size.
+QUEUE_KBYTES = 65_536
+FIRST_BATCH = 16  # records in a task's first consume(), before their size is known
+BATCH_BYTES = 8 * 1024 * 1024
 
 
 class ReplicationError(RunFailed):
@@ -135,8 +141,10 @@ class ReplicationSpec:
     keep_timestamps: bool = True
     tracing_headers: bool = False
     transaction_timeout_ms: int = 60_000
-    # Offsets per transaction (None: the whole range in one); keeps transactions well inside the timeout.
+    # Records per transaction (None: the whole range in one) and seconds per transaction (None: no
+    # limit); see ReplicationOptions for the trade-off.
     records_per_transaction: int | None = None
+    seconds_per_transaction: float | None = None
     schema_id_map: dict[int, int] | None = None  # source value schema id -> target id
     consumer_overrides: dict[str, Any] = field(default_factory=dict)
     batch_size: int = 10_000
@@ -171,6 +179,10 @@ class TransactionalProducer:
             "enable.idempotence": True,
             "acks": "all",
             "transaction.timeout.ms": transaction_timeout_ms,
+            # Delivery reports only for failures: a failed record already makes commit_transaction
+            # fail (abortable), the report only names it; a Python callback per record costs ~1 µs.
+            "on_delivery": self._on_delivery,
+            "delivery.report.only.error": True,
         }
         self._producer = Producer(driver_client_config(config))
         self.first_delivery_error: str | None = None
@@ -201,19 +213,48 @@ class TransactionalProducer:
     def produce(self, topic: str, **kwargs: Any) -> None:
         while True:
             try:
-                self._producer.produce(topic, on_delivery=self._on_delivery, **kwargs)
+                self._producer.produce(topic, **kwargs)
                 return
             except BufferError:
                 # Local queue full: serve delivery reports until there is room again.
-                self._producer.poll(0.05)
+                self._producer.poll(0.005)
             except KafkaException as exc:
                 error = exc.args[0]
                 kind = classify(error)
                 # A produce call is never retried on its own: the transaction is redone instead.
                 raise _classified("abortable" if kind == "retriable" else kind, "produce", self.transactional_id, error) from None
 
-    def poll(self) -> None:
-        self._producer.poll(0)
+    def poll(self, timeout_s: float = 0) -> None:
+        self._producer.poll(timeout_s)
+
+    def produce_batch(self, topic: str, partition: int, messages: list[Any], headers: bool, timestamps: bool) -> int:
+        """Copy consumed messages as they are (key, value, and optionally headers and timestamp)
+        to `partition` (-1: the partitioner decides); returns the key + value bytes. The hot loop of
+        a replication: one C call per record and nothing else that scales with the records."""
+        produce, nbytes = self._producer.produce, 0
+        try:
+            for message in messages:
+                key, value = message.key(), message.value()
+                timestamp = 0  # librdkafka's "now", as for a record without one
+                if timestamps:
+                    kind, ts = message.timestamp()
+                    if kind != TIMESTAMP_NOT_AVAILABLE and ts >= 0:
+                        timestamp = ts
+                while True:
+                    try:
+                        produce(topic, value, key, partition, timestamp=timestamp,
+                                headers=message.headers() if headers else None)
+                        break
+                    except BufferError:
+                        # Local queue full: wait for the broker's acks (only errors are reported,
+                        # so a poll returns after its timeout, not at the first ack).
+                        self._producer.poll(0.005)
+                nbytes += (len(key) if key else 0) + (len(value) if value else 0)
+        except KafkaException as exc:
+            error = exc.args[0]
+            kind = classify(error)
+            raise _classified("abortable" if kind == "retriable" else kind, "produce", self.transactional_id, error) from None
+        return nbytes
 
     def flush(self, timeout_s: float = 60.0) -> int:
         return self._producer.flush(timeout_s)
@@ -257,11 +298,10 @@ def rewrite_schema_id(value: bytes | None, mapping: dict[int, int] | None, where
 def record_kwargs(spec: ReplicationSpec, message: Any) -> dict[str, Any]:
     """Producer keyword arguments replicating one consumed message."""
     offset = message.offset()
-    where = f"{spec.source_topic}[{spec.source_partition}]@{offset}"
-    kwargs: dict[str, Any] = {
-        "key": message.key(),
-        "value": rewrite_schema_id(message.value(), spec.schema_id_map, where),
-    }
+    value = message.value()
+    if spec.schema_id_map:
+        value = rewrite_schema_id(value, spec.schema_id_map, f"{spec.source_topic}[{spec.source_partition}]@{offset}")
+    kwargs: dict[str, Any] = {"key": message.key(), "value": value}
     tracing = (
         tracing_headers(spec.pipeline, spec.source_topic, spec.source_partition, offset) if spec.tracing_headers else None
     )
@@ -295,20 +335,32 @@ def _consumer_config(spec: ReplicationSpec) -> dict[str, Any]:
         "isolation.level": "read_committed",
         "fetch.max.bytes": 52_428_800,
         "max.partition.fetch.bytes": 10_485_760,
+        # The prefetch queue is bounded in bytes, not only in records (100,000 by default): large
+        # records would otherwise make a task's memory grow with the record size.
+        "queued.max.messages.kbytes": QUEUE_KBYTES,
         **spec.consumer_overrides,
     })
 
 
-def read_range(consumer: Consumer, spec: ReplicationSpec, start: int, end: int) -> Iterator[Any]:
-    """Messages with start <= offset < end; completion is judged by the consumer position (offsets
-    may have gaps: compaction, transaction markers), and not reaching `end` raises."""
+def read_batches(consumer: Consumer, spec: ReplicationSpec, start: int, end: int) -> Iterator[list[Any]]:
+    """Lists of messages with start <= offset < end, in order; completion is judged by the consumer
+    position (offsets may have gaps: compaction, transaction markers), and not reaching `end` raises."""
     topic, partition = spec.source_topic, spec.source_partition
     consumer.assign([TopicPartition(topic, partition, start)])
     position, empty_polls = start, 0
+    # consume() gathers up to num_messages whatever their size (it drains the prefetch queue while
+    # it waits), so the count is derived from the record size seen so far: a small first batch, then
+    # about BATCH_BYTES per batch. Memory then stays flat from 200-byte to 1-MB records.
+    per_batch = FIRST_BATCH
     while position < end:
-        wanted = max(1, min(spec.batch_size, end - position))
-        progressed = False
-        for message in consumer.consume(num_messages=wanted, timeout=spec.poll_timeout_ms / 1000):
+        # Never more than what is left: consume() waits its whole timeout for a batch it cannot fill.
+        wanted = max(1, min(per_batch, spec.batch_size, end - position))
+        batch = consumer.consume(num_messages=wanted, timeout=spec.poll_timeout_ms / 1000)
+        size = sum(len(m) for m in batch)
+        if batch:
+            per_batch = max(1, BATCH_BYTES * len(batch) // max(1, size))
+        records: list[Any] = []
+        for message in batch:
             err = message.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
@@ -319,12 +371,14 @@ def read_range(consumer: Consumer, spec: ReplicationSpec, start: int, end: int) 
                     else ""
                 )
                 raise IncompleteRead(f"{topic}[{partition}]: fetch error at offset {position}: {err}{hint}")
-            offset = message.offset()
-            if offset >= end:
+            if message.offset() >= end:
                 position = end
                 break
-            yield message
-            position, progressed = offset + 1, True
+            records.append(message)
+        progressed = bool(records)
+        if records:
+            position = max(position, records[-1].offset() + 1)
+            yield records
         if position < end:
             current = consumer.position([TopicPartition(topic, partition)])[0].offset
             if current > position:
@@ -348,28 +402,73 @@ def _crash(spec: ReplicationSpec, producer: TransactionalProducer) -> None:
     raise SimulatedCrash(f"simulated crash of {spec.transactional_id} before commit_transaction")
 
 
-def _one_transaction(
-    producer: TransactionalProducer, consumer: Consumer, spec: ReplicationSpec, start: int, end: int
-) -> tuple[int, int]:
+class RangeReader:
+    """The records of [start, end) for consecutive transactions, from one consumer assignment:
+    re-assigning per transaction would wait out the fetch in flight (the broker holds it up to
+    fetch.wait.max.ms, 500 ms, at the end of the log)."""
+
+    def __init__(self, consumer: Consumer, spec: ReplicationSpec, start: int) -> None:
+        self._consumer, self._spec = consumer, spec
+        self.rewind(start)
+
+    def rewind(self, start: int) -> None:
+        """Read again from `start` (an aborted transaction is redone from its first offset)."""
+        self._batches = read_batches(self._consumer, self._spec, start, self._spec.end)
+        self._left: list[Any] = []
+
+    def take(self, limit: int) -> list[Any] | None:
+        """At most `limit` (>= 1) next records; None once the range is read."""
+        if not self._left:
+            self._left = next(self._batches, [])
+            if not self._left:
+                return None
+        taken, self._left = self._left[:limit], self._left[limit:]
+        return taken
+
+
+def _one_transaction(producer: TransactionalProducer, reader: RangeReader, spec: ReplicationSpec) -> tuple[int, int, int]:
+    """Copy the next records in one transaction, up to `records_per_transaction` or until
+    `seconds_per_transaction` ran out, and commit the offset after them with them;
+    (records, bytes, next offset)."""
     producer.begin()
     records = nbytes = 0
-    for message in read_range(consumer, spec, start, end):
-        kwargs = record_kwargs(spec, message)
-        producer.produce(spec.target_topic, **kwargs)
-        records += 1
-        nbytes += len(kwargs["key"] or b"") + len(kwargs["value"] or b"")
-        if records % 1000 == 0:
-            producer.poll()
+    limit = spec.records_per_transaction or spec.end  # more than the range holds
+    deadline = time.monotonic() + spec.seconds_per_transaction if spec.seconds_per_transaction else None
+    next_offset = spec.end
+    # Records copied as they are take the fast path; tracing headers and schema ids need a per-record rewrite.
+    as_is = not spec.tracing_headers and not spec.schema_id_map
+    partition = target_partition(spec.source_partition, spec.target_partitions, spec.partition_mapping)
+    while True:
+        batch = reader.take(limit - records)
+        if batch is None:
+            next_offset = spec.end  # the range is read (gaps after the last record included)
+            break
+        if as_is:
+            nbytes += producer.produce_batch(
+                spec.target_topic, -1 if partition is None else partition, batch, spec.replicate_headers,
+                spec.keep_timestamps,
+            )
+        else:
+            for message in batch:
+                kwargs = record_kwargs(spec, message)
+                producer.produce(spec.target_topic, **kwargs)
+                nbytes += len(kwargs["key"] or b"") + len(kwargs["value"] or b"")
+        records += len(batch)
+        next_offset = batch[-1].offset() + 1
+        producer.poll()  # serve delivery reports (errors only) and keep the queue moving
+        if records >= limit or (deadline is not None and time.monotonic() > deadline):
+            break  # the rest goes into the next transaction
     if spec.crash == "after_data":
         _crash(spec, producer)
     key, value = offset_record(
-        spec.commit_group, spec.source_topic, spec.source_partition, end, spec.pipeline, spec.run_id, spec.target_topic
+        spec.commit_group, spec.source_topic, spec.source_partition, next_offset, spec.pipeline, spec.run_id,
+        spec.target_topic,
     )
     producer.produce(spec.control_topic, key=key, value=value, partition=control_partition(key, spec.control_partitions))
     if spec.crash == "before_commit":
         _crash(spec, producer)
     producer.commit()
-    return records, nbytes
+    return records, nbytes, next_offset
 
 
 def _abort_quietly(producer: TransactionalProducer) -> None:
@@ -380,21 +479,22 @@ def _abort_quietly(producer: TransactionalProducer) -> None:
 
 
 def _transaction_with_retries(
-    producer: TransactionalProducer, consumer: Consumer, spec: ReplicationSpec, start: int, end: int
-) -> tuple[int, int, int]:
-    """(records, bytes, aborted attempts) of the committed transaction for [start, end)."""
+    producer: TransactionalProducer, reader: RangeReader, spec: ReplicationSpec, start: int
+) -> tuple[int, int, int, int]:
+    """(records, bytes, next offset, aborted attempts) of the committed transaction from `start`."""
     for attempt in range(1, spec.max_attempts + 1):
         try:
-            records, nbytes = _one_transaction(producer, consumer, spec, start, end)
-            return records, nbytes, attempt - 1
+            records, nbytes, next_offset = _one_transaction(producer, reader, spec)
+            return records, nbytes, next_offset, attempt - 1
         except TransactionAbortable as exc:
             producer.abort()  # raises when even the abort fails (fatal)
             if attempt == spec.max_attempts:
                 raise ReplicationError(
-                    f"{spec.source_topic}[{spec.source_partition}] [{start}, {end}): transaction aborted "
+                    f"{spec.source_topic}[{spec.source_partition}] from offset {start}: transaction aborted "
                     f"{attempt} times, last: {exc}"
                 ) from None
             time.sleep(_backoff(attempt))
+            reader.rewind(start)  # the aborted records are redone
         except (ProducerFenced, FatalTransactionError):
             raise  # no abort: the producer is unusable / not ours any more
         except Exception:
@@ -445,18 +545,23 @@ def replicate_range(spec: ReplicationSpec) -> dict[str, Any]:
         # A partition never committed gets at least one (possibly record-less) transaction, so its
         # start offset is recorded and the next run continues from it.
         position = start
-        step = spec.records_per_transaction or max(1, spec.end - start)
+        reader = RangeReader(consumer, spec, start)
         while True:
-            chunk_end = min(spec.end, position + step)
-            records, nbytes, aborted = _transaction_with_retries(producer, consumer, spec, position, chunk_end)
+            records, nbytes, position, aborted = _transaction_with_retries(producer, reader, spec, position)
             stats["records"] += records
             stats["bytes"] += nbytes
             stats["aborted"] += aborted
             stats["transactions"] += 1
             stats["committed"] = True
-            position = chunk_end
             if position >= spec.end:
                 break
     finally:
         consumer.close()
     return stats
+
+
+def run_task(specs: list[ReplicationSpec], index: int) -> dict[str, Any]:
+    """One Spark task: replicate `specs[index]`; its stats name the executor that ran it."""
+    import socket
+
+    return {**replicate_range(specs[index]), "executor": f"{socket.gethostname()}:{os.environ.get('SPARK_EXECUTOR_ID', 'driver')}"}

@@ -9,11 +9,11 @@ the next run resumes from the control topic.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
-import pyarrow as pa
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
@@ -28,7 +28,7 @@ from dpone_dagster.replication.control_topic import (
     ensure_control_topic,
     snapshot_control_topic,
 )
-from dpone_dagster.replication.eos_task import ReplicationSpec, replicate_range
+from dpone_dagster.replication.eos_task import QUEUE_KBYTES, ReplicationSpec, run_task
 from dpone_dagster.replication.mapping import resolve_source_topics, resolve_targets, target_partition
 from dpone_dagster.replication.plan import PartitionPlan, plan_partitions
 
@@ -37,11 +37,6 @@ Log = Callable[[str], None]
 # The driver's read of the control topic only plans (tasks re-read after fencing), so it does not
 # wait out a crashed attempt's transaction: the rerun's own init_transactions aborts that at once.
 DRIVER_CONTROL_WAIT_S = 10.0
-
-STATS_COLUMNS = (
-    "topic string, partition int, target_topic string, planned_start long, start long, end long, "
-    "records long, bytes long, transactions int, aborted int, committed boolean, executor string"
-)
 
 
 @dataclass(frozen=True)
@@ -363,6 +358,8 @@ def _spec(
     # Java clients' partitioner, so `partitioner` mapping places keys where the target's own
     # producers would (librdkafka's default hashes differently).
     producer.setdefault("partitioner", "murmur2_random")
+    if "queue.buffering.max.kbytes" not in options.delivery.producer_config:
+        producer["queue.buffering.max.kbytes"] = QUEUE_KBYTES  # bounded memory (see eos_task)
     spec = ReplicationSpec(
         pipeline=manifest.name,
         run_id=run_id,
@@ -383,7 +380,9 @@ def _spec(
         keep_timestamps=replication.keep_timestamps,
         tracing_headers=replication.tracing_headers,
         transaction_timeout_ms=replication.transaction_timeout_ms,
-        records_per_transaction=source.options.records_per_task,
+        records_per_transaction=replication.records_per_transaction,
+        # Checked between consumed batches: half the timeout leaves room for the last batch and the commit.
+        seconds_per_transaction=min(replication.seconds_per_transaction, replication.transaction_timeout_ms / 2000),
         schema_id_map=schema_map,
         consumer_overrides=dict(source.options.consumer_config),
         batch_size=min(source.options.batch_size, 10_000),
@@ -417,48 +416,19 @@ def _schema_maps(
 
 
 def _run_tasks(spark: SparkSession, specs: list[ReplicationSpec]) -> list[PartitionReplication]:
-    """One Spark task per source partition; each returns one stats row."""
+    """One Spark task per source partition; each returns one stats row.
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import os
-        import socket
-
-        executor = f"{socket.gethostname()}:{os.environ.get('SPARK_EXECUTOR_ID', 'driver')}"
-        for batch in batches:
-            for index in batch.column(0).to_pylist():
-                stats = {**replicate_range(specs[index]), "executor": executor}
-                yield pa.RecordBatch.from_pylist([stats], schema=_stats_schema())
-
-    frame = spark.range(0, len(specs), 1, len(specs)).mapInArrow(run, STATS_COLUMNS)
+    A plain RDD of indexes: its Python workers import only the task module (an Arrow UDF's
+    workers would import pyarrow and pandas first, ~0.5 s per worker for one row of stats)."""
+    tasks = spark.sparkContext.parallelize(range(len(specs)), len(specs)).map(partial(run_task, specs))
     try:
-        rows = frame.collect()
+        rows = tasks.collect()
     except Exception as exc:
         raise RunFailed(
             f"replication task failed: {task_failure_reason(str(exc))}. Partitions whose transactions "
             "committed keep their progress in the control topic; a rerun resumes from there"
         ) from None
-    return sorted(
-        (PartitionReplication(**row.asDict()) for row in rows), key=lambda p: (p.topic, p.partition)
-    )
-
-
-def _stats_schema() -> pa.Schema:
-    return pa.schema(
-        [
-            ("topic", pa.string()),
-            ("partition", pa.int32()),
-            ("target_topic", pa.string()),
-            ("planned_start", pa.int64()),
-            ("start", pa.int64()),
-            ("end", pa.int64()),
-            ("records", pa.int64()),
-            ("bytes", pa.int64()),
-            ("transactions", pa.int32()),
-            ("aborted", pa.int32()),
-            ("committed", pa.bool_()),
-            ("executor", pa.string()),
-        ]
-    )
+    return sorted((PartitionReplication(**row) for row in rows), key=lambda p: (p.topic, p.partition))
 
 
 _KNOWN_ERRORS = (
