@@ -194,17 +194,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def target_topics(sink_topic: str, result: Any) -> list[str]:
-    """The topics a run produced to: a replication names its targets in the boundary (sink.topic
-    is empty under a topic mapping), any other run writes sink.topic."""
-    targets = result.boundary.get("targets") if result.boundary.get("method") == "replication" else None
-    return sorted(set(targets.values())) if targets else [sink_topic]
-
-
 def success_line(sink_topic: str, result: Any) -> str:
     return (
         f"success: run {result.run_id}: {result.rows_extracted} rows extracted, {result.messages_produced} "
-        f"messages produced to {', '.join(target_topics(sink_topic, result))}; offsets {result.committed_offsets}"
+        f"messages produced to {', '.join(result.target_topics(sink_topic))}; offsets {result.committed_offsets}"
     )
 
 

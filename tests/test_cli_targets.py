@@ -6,7 +6,8 @@ import uuid
 
 from conftest import create_topic, produce_json, unique_topic
 
-from dpone_dagster.cli import main, success_line, target_topics
+from dpone_dagster.assets.factory import materialization_metadata
+from dpone_dagster.cli import main, success_line
 from dpone_dagster.engine.results import RunResult
 
 
@@ -24,7 +25,8 @@ def replication_result() -> RunResult:
 def test_replication_success_line_names_every_target_topic():
     line = success_line("", replication_result())
     assert "7 messages produced to dr.orders, dr.payments;" in line
-    assert target_topics("", replication_result()) == ["dr.orders", "dr.payments"]
+    assert replication_result().target_topics("") == ["dr.orders", "dr.payments"]
+    assert materialization_metadata(replication_result())["target_topics"].value == ["dr.orders", "dr.payments"]
 
 
 def test_other_runs_name_the_sink_topic():

@@ -15,10 +15,11 @@ from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.commit import finish_checks_only, run_record
 from dpone_dagster.engine.stages.gates import pre_publish_gates
 from dpone_dagster.engine.stages.timing import Log, stage
-from dpone_dagster.errors import RunFailed
+from dpone_dagster.errors import ConfigError, RunFailed
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.quality.target import count_records, end_offsets, offset_advance
 from dpone_dagster.sources.kafka import KafkaBatchSource
+from dpone_dagster.spark.session import is_connect
 from dpone_dagster.state.base import RunRecord, StateStore, utcnow
 
 
@@ -34,6 +35,12 @@ def replicate(
     """Exactly-once Kafka -> Kafka: each Spark task copies one source partition range and writes the
     new source offset to the control topic in the same transaction. Offsets live only there."""
     from dpone_dagster.replication.run import plan_replication, run_replication
+
+    if is_connect(spark):
+        raise ConfigError(
+            "exactly_once replication schedules its transactional tasks as an RDD, which a Spark Connect "
+            "session cannot run; run this pipeline without DPONE_SPARK_REMOTE (a classic session)"
+        )
 
     log = request.log
     source_config, target_config = clients.kafka(manifest.source), clients.kafka(manifest.sink)

@@ -41,6 +41,12 @@ class RunResult:
     def offset_ranges(self) -> list[dict[str, int]]:
         return list(self.boundary.get("partitions", []))
 
+    def target_topics(self, sink_topic: str) -> list[str]:
+        """The topics the run produced to: a replication names its targets in the boundary
+        (sink.topic is empty under a topic mapping), any other run writes sink.topic."""
+        targets = self.boundary.get("targets") if self.boundary.get("method") == "replication" else None
+        return sorted(set(targets.values())) if targets else [sink_topic]
+
     def counts(self) -> dict[str, int]:
         return {
             "rows_extracted": self.rows_extracted,

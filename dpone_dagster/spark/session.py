@@ -44,6 +44,11 @@ def remote_url(conf: dict[str, Any] | None = None) -> str | None:
     return (conf or {}).get("spark.remote") or os.environ.get(REMOTE_ENV) or os.environ.get("SPARK_REMOTE") or None
 
 
+def is_connect(spark: SparkSession) -> bool:
+    """A Spark Connect session (no SparkContext, no RDDs in this process)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
 def client_conf(conf: dict[str, Any]) -> dict[str, Any]:
     """What a session may set. On Spark Connect only runtime SQL settings travel with the session;
     the master, JVM options, task retries and jars belong to the server (`dpone spark-server`)."""
