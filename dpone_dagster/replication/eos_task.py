@@ -14,6 +14,10 @@ only, so it pickles to any executor, and follows librdkafka's transactional erro
 Sequence per partition: init_transactions (fences a zombie attempt with the same transactional.id
 and, on Kafka, aborts its open transaction) -> read the committed offset (after the fence, so it is
 final) -> per chunk: begin -> copy [start, chunk_end) -> control record offset=chunk_end -> commit.
+
+Over 500 lines on purpose: one task's whole life (error classes, the transactional producer,
+reading the range, the transaction loop) stays in the order it happens, because the exactly-once
+argument rests on that order; the record building in the middle is pure and tested on its own.
 """
 
 from __future__ import annotations
