@@ -527,7 +527,7 @@ def test_mssql_without_the_jtds_jar_is_a_config_error(spark):
 
 
 def _bcp_encode(value: Any, encoding: str) -> str:
-    """What `bcp -c` writes for one value exported with sql_text.bcp_select's expressions."""
+    """What `bcp -c` writes for one value exported with sql.text.bcp_select's expressions."""
     if value is None:
         return ""
     if encoding == "text":

@@ -1,4 +1,4 @@
-"""Pure tests of the SQL and command text the SQL sources generate (dpone_dagster.sources.sql_text).
+"""Pure tests of the SQL and command text the SQL sources generate (dpone_dagster.sources.sql.text).
 
 No MSSQL server runs on these machines, so every MSSQL statement (bounded selects, CDC, Change
 Tracking, bcp) is asserted here as generated text. The postgres and mysql variants are asserted
