@@ -19,7 +19,7 @@ from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.manifest.rules import REGISTRY_FORMATS
 from dpone_dagster.sinks import kafka_messages
 from dpone_dagster.sources.kafka_reader import JSON_OK
-from dpone_dagster.spark.keep import keep_batch, release_batch
+from dpone_dagster.spark.keep import keep_batch
 
 
 @dataclass(frozen=True)
@@ -45,16 +45,14 @@ def extract(
     if extracted.raw is not None:
         kept.add(extracted.raw)  # registry formats keep the raw batch (schema ids, dead letters)
     ctx = shape_context(manifest, result)
-    persisted, staged, counts = _stage_batch(manifest, extracted, ctx)
-    kept.add(persisted)
+    persisted, staged, counts = _stage_batch(manifest, extracted, ctx, kept)
     if counts["unknown"]:
         # Records with keys the schema sample missed: widen the schema, read again.
         extracted = planned.source.widen(spark, planned.boundary, extracted, staged, log)
         if extracted.raw is not None:
             kept.add(extracted.raw)
         kept.release(persisted)
-        persisted, staged, counts = _stage_batch(manifest, extracted, ctx)
-        kept.add(persisted)
+        _, staged, counts = _stage_batch(manifest, extracted, ctx, kept)
     result.notes.extend(extracted.notes)
     result.rows_extracted = int(counts["rows"])
     return Batch(staged.drop(C.UNKNOWN_KEYS, C.UNKNOWN_TEXT), counts, ctx, extracted.raw)
@@ -74,41 +72,30 @@ def writes_registry_format(manifest: Manifest) -> bool:
 
 
 def _stage_batch(
-    manifest: Manifest, extracted: Any, ctx: kafka_messages.ShapeContext
+    manifest: Manifest, extracted: Any, ctx: kafka_messages.ShapeContext, kept: KeptFrames
 ) -> tuple[DataFrame, DataFrame, dict[str, Any]]:
-    """Keep the extracted batch (the one pass over the source) and read it once for its counts
-    and the facts shaping needs. Returns the kept frame (the caller releases it), the batch as
-    read from it and the counts.
+    """Keep the extracted batch (the one pass over the source) in `kept` and read it once for its
+    counts and the facts shaping needs. Returns the kept frame, the batch as read from it and the
+    counts.
 
     Flat JSON keeps the read tasks' output as it is when they decoded every record (no row copy
     before keeping it; each pass renames the columns). When some record needs the JVM decoder,
     the decoded batch is kept instead, so that such records are parsed once; the first counting
     pass is then repeated on it (drift past the schema sample always takes this way)."""
-    held: list[DataFrame] = []
-
-    def hold(frame: DataFrame) -> DataFrame:
-        held.append(keep_batch(frame))
-        return held[-1]
-
-    try:
-        if extracted.records is not None:
-            records = hold(extracted.records)
-            decoded_in_tasks, decoded = extracted.decode_kept(records)
-            counts = _batch_counts(manifest, decoded_in_tasks, ctx)
-            if not counts[UNDECODED]:
-                return records, decoded_in_tasks.drop(JSON_OK), counts
-            kept = hold(decoded().drop(*extracted.rebuildable))
-            staged = kept.withColumns(extracted.rebuildable)
-            counts = _batch_counts(manifest, staged, ctx)  # decoded from the kept read output
-            release_batch(records)
-            return kept, staged, counts
-        kept = hold(extracted.df.drop(*extracted.rebuildable))
-        staged = kept.withColumns(extracted.rebuildable)
-        return kept, staged, _batch_counts(manifest, staged, ctx)
-    except BaseException:
-        for frame in held:
-            release_batch(frame)
-        raise
+    if extracted.records is not None:
+        records = kept.add(keep_batch(extracted.records))
+        decoded_in_tasks, decoded = extracted.decode_kept(records)
+        counts = _batch_counts(manifest, decoded_in_tasks, ctx)
+        if not counts[UNDECODED]:
+            return records, decoded_in_tasks.drop(JSON_OK), counts
+        decoded_kept = kept.add(keep_batch(decoded().drop(*extracted.rebuildable)))
+        staged = decoded_kept.withColumns(extracted.rebuildable)
+        counts = _batch_counts(manifest, staged, ctx)  # decoded from the kept read output
+        kept.release(records)
+        return decoded_kept, staged, counts
+    decoded_kept = kept.add(keep_batch(extracted.df.drop(*extracted.rebuildable)))
+    staged = decoded_kept.withColumns(extracted.rebuildable)
+    return decoded_kept, staged, _batch_counts(manifest, staged, ctx)
 
 
 UNDECODED = "undecoded"  # records a read task left to the JVM decoder
