@@ -13,6 +13,12 @@ WatermarkKind = Literal[
     "integer", "decimal", "float", "timestamp", "timestamp_tz", "date", "string", "rowversion"
 ]
 
+def iso_literal(text: str, utc: bool) -> str:
+    """An ISO 8601 timestamp literal: with `+00:00` for an instant (UTC), as written for a
+    wall-clock time. MSSQL and PostgreSQL read both forms as is."""
+    return f"'{text}+00:00'" if utc else f"'{text}'"
+
+
 INTEGER_TYPES = {"tinyint", "smallint", "int", "integer", "bigint", "mediumint", "serial", "bigserial"}
 
 

@@ -6,7 +6,7 @@ MSSQL timestamps keep the `T` separator (language-independent for datetime). `ti
 
 from __future__ import annotations
 
-from dpone_dagster.sources.sql.text.common import ColumnInfo, decimal_type
+from dpone_dagster.sources.sql.text.common import ColumnInfo, decimal_type, iso_literal
 
 CURRENT_SCHEMA = "SCHEMA_NAME()"
 COUNT = "COUNT_BIG"
@@ -57,12 +57,8 @@ def binary(hexed: str) -> str:
     return f"0x{hexed}"
 
 
-def timestamp(text: str, utc: bool) -> str:
-    return f"'{text}+00:00'" if utc else f"'{text}'"
-
-
-def watermark_timestamp(text: str, zoned: bool) -> str:
-    return f"'{text}+00:00'" if zoned else f"'{text}'"
+# A bound, or a stored watermark (offset when the column is zoned): the same ISO literal.
+timestamp = watermark_timestamp = iso_literal
 
 
 def target_type(col: ColumnInfo) -> str | None:
