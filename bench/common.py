@@ -543,3 +543,16 @@ def rate(messages: int, seconds: float) -> float:
 
 def dump_json(data: Any) -> str:
     return json.dumps(data, indent=None, sort_keys=False, default=str)
+
+
+def parse_settings(items: list[str]) -> dict[str, Any]:
+    """KEY=VALUE command-line settings; a value that parses as JSON (numbers, booleans) is taken
+    as such, anything else as text."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out

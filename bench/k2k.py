@@ -42,6 +42,7 @@ from bench.common import (
     dump_json,
     generate_events,
     machine_info,
+    parse_settings,
     rate,
     topic_count,
     topic_end_offsets,
@@ -587,17 +588,6 @@ def print_report(report: dict[str, Any], out: Any = sys.stdout) -> None:
         w(f"  driver lifetime peak RSS (VmHWM): {report['driver_hwm_mb']} MB\n")
 
 
-def _kv(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, _, value = item.partition("=")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.k2k", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--messages", type=int, default=2_000_000)
@@ -692,15 +682,15 @@ def _main(args: argparse.Namespace) -> dict[str, Any]:
                 broker.bootstrap_servers,
                 args.messages,
                 args.partitions,
-                spark_conf=_kv(args.spark_conf) or None,
+                spark_conf=parse_settings(args.spark_conf) or None,
                 only=tuple(args.only.split(",")),
                 sampler=sampler,
                 duplicate_every=args.duplicate_every,
                 mode=args.mode,
                 policy=args.policy,
                 also_append=args.also_append,
-                source_options=_kv(args.source_option) or None,
-                delivery=_kv(args.delivery) or None,
+                source_options=parse_settings(args.source_option) or None,
+                delivery=parse_settings(args.delivery) or None,
                 consume_batch=args.consume_batch,
                 log=log,
                 compare_variants=tuple(args.compare_variant),

@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from bench.common import create_topic, generate_events, order_event
+from bench.common import create_topic, generate_events, order_event, parse_settings
 
 
 def _measure(fn: Callable[[], int], profile: bool) -> dict[str, Any]:
@@ -102,17 +102,6 @@ def profile_writer(bootstrap: str, topic: str, batches: list[pa.RecordBatch], pr
     return _measure(run, profile)
 
 
-def _kv(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        k, _, v = item.partition("=")
-        try:
-            out[k] = json.loads(v)
-        except ValueError:
-            out[k] = v
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.profile_tasks", description=__doc__)
     p.add_argument("--records", type=int, default=250_000)
@@ -135,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
             src = f"prof_src_{uuid.uuid4().hex[:6]}"
             create_topic(bootstrap, src, 1)
             generate_events(bootstrap, src, args.records, 1)
-            settings = _kv(args.reader_setting)
+            settings = parse_settings(args.reader_setting)
             if args.consumer:
-                settings["consumer_overrides"] = tuple(_kv(args.consumer).items())
+                settings["consumer_overrides"] = tuple(parse_settings(args.consumer).items())
             for rep in range(args.repeat):
                 r = profile_reader(bootstrap, src, args.records, args.profile and rep == 0, **settings)
                 results.append({"what": "reader", "rep": rep, **r})
@@ -146,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             for rep in range(args.repeat):
                 dst = f"prof_dst_{uuid.uuid4().hex[:6]}"
                 create_topic(bootstrap, dst, 6)
-                r = profile_writer(bootstrap, dst, batches, args.profile and rep == 0, _kv(args.producer))
+                r = profile_writer(bootstrap, dst, batches, args.profile and rep == 0, parse_settings(args.producer))
                 results.append({"what": "writer", "rep": rep, **r})
         for r in results:
             prof = r.pop("profile", None)

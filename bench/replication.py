@@ -29,7 +29,16 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.common import MB, TreeSampler, create_topic, dump_json, machine_info, order_event, rate
+from bench.common import (
+    MB,
+    TreeSampler,
+    create_topic,
+    dump_json,
+    machine_info,
+    order_event,
+    parse_settings,
+    rate,
+)
 from bench.k2k import start_spark, stdout_to_stderr
 
 TIMESTAMP_BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -340,12 +349,12 @@ def run_bench(
             with _phase(sampler, "r") as peaks:
                 started = time.perf_counter()
                 result, target = engine_run(spark, bootstrap, src, args.partitions, state_dir,
-                                            _kv(args.replication), _kv(args.source_option), log)
+                                            parse_settings(args.replication), parse_settings(args.source_option), log)
                 seconds = time.perf_counter() - started
         phases["r"] = Phase("r", result.messages_produced, seconds, memory_mb=peaks.as_mb() if peaks else {},
                             cpu=peaks.cpu() if peaks else {},
                             details={"stage_seconds": result.timings, "target": target,
-                                     "replication_options": _kv(args.replication)})
+                                     "replication_options": parse_settings(args.replication)})
         phases["r"].verified = same_records(expected, digest(bootstrap, target, args.partitions), "(r)")
 
     report["phases"] = {k: v.as_dict() for k, v in phases.items()}
@@ -367,19 +376,6 @@ def ratios(phases: dict[str, Phase]) -> tuple[dict[str, float | None], dict[str,
         f"stage r/t >= {STRETCH} (stretch)": out["stage r/t"] >= STRETCH,
     }
     return out, goals
-
-
-def _kv(items: list[str]) -> dict[str, Any]:
-    import json
-
-    out: dict[str, Any] = {}
-    for item in items:
-        key, _, value = item.partition("=")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
 
 
 def print_report(report: dict[str, Any], out: Any = sys.stdout) -> None:
