@@ -35,22 +35,22 @@ def record_failure(
 def lock(store: StateStore, manifest: Manifest) -> list[RunLock]:
     """Every lock of the run (engine/locks.py), or none and a RunFailed naming what is held."""
     held: list[RunLock] = []
-    for lock in run_locks(manifest):
-        if not store.try_lock(lock.key):
+    for run_lock in run_locks(manifest):
+        if not store.try_lock(run_lock.key):
             unlock(store, held)
             where = store.describe()
             store.close()
             raise RunFailed(
-                f"another run holds {lock.holder} (its lock is held in the state store {where}); runs that "
+                f"another run holds {run_lock.holder} (its lock is held in the state store {where}); runs that "
                 "share it never overlap — wait for that run to finish"
             )
-        held.append(lock)
+        held.append(run_lock)
     return held
 
 
 def unlock(store: StateStore, locks: list[RunLock]) -> None:
-    for lock in reversed(locks):
-        store.unlock(lock.key)
+    for run_lock in reversed(locks):
+        store.unlock(run_lock.key)
 
 
 def export_metrics(manifest: Manifest, result: RunResult, log: Log) -> None:
