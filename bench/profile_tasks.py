@@ -3,8 +3,8 @@ task's Python time go?
 
     python -m bench.profile_tasks --records 250000 [--profile]
 
-`reader`: kafka_reader._read_one_range over one partition slice (the default records_per_task).
-`writer`: sinks.kafka._produce_task over Arrow batches shaped like the engine's messages
+`reader`: kafka_reader.read_one_range over one partition slice (the default records_per_task).
+`writer`: sinks.kafka.produce_batches over Arrow batches shaped like the engine's messages
 (key = order_id text, value = JSON, no headers, partition -1), 10,000 rows per batch (Spark's
 spark.sql.execution.arrow.maxRecordsPerBatch default).
 Reported: wall seconds, process CPU seconds (all threads, librdkafka included), records/s.
@@ -46,9 +46,9 @@ def _measure(fn: Callable[[], int], profile: bool) -> dict[str, Any]:
 
 
 def profile_reader(bootstrap: str, topic: str, records: int, profile: bool, **settings: Any) -> dict[str, Any]:
-    from dpone_dagster.sources.kafka_reader import ReaderSettings, _read_one_range
+    from dpone_dagster.sources.kafka_reader import ReaderSettings, read_one_range
 
-    reader = _read_one_range
+    reader = read_one_range
     rs = ReaderSettings({"bootstrap.servers": bootstrap}, f"prof-{uuid.uuid4().hex[:6]}", **settings)
 
     def run() -> int:
@@ -86,9 +86,9 @@ def message_batches(records: int, rows: int = 10_000) -> list[pa.RecordBatch]:
 def profile_writer(bootstrap: str, topic: str, batches: list[pa.RecordBatch], profile: bool, overrides: dict[str, Any]) -> dict[str, Any]:
     from dpone_dagster.kafka.config import producer_config
     from dpone_dagster.manifest.models import DeliveryOptions
-    from dpone_dagster.sinks.kafka import ProducerSettings, _produce_task
+    from dpone_dagster.sinks.kafka import ProducerSettings, produce_batches
 
-    writer = _produce_task
+    writer = produce_batches
     config = {**producer_config({"bootstrap.servers": bootstrap}, DeliveryOptions()), **overrides}
     settings = ProducerSettings(topic, tuple(config.items()))
 

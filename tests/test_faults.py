@@ -111,22 +111,25 @@ def delivery_outcome(bootstrap: str, dst: str, ids: list[int]) -> tuple[int, int
 
 
 def test_driver_killed_with_sigkill_mid_produce(broker, spark, kafka_env, pg_env, tmp_path, fault_outcome):
-    """A real `dpone run` process is killed once the target holds some but not all records: nothing
-    was committed, the rerun (here, in another process) delivers every record and stores the end
-    offsets, a third run has nothing to do. Duplicates are bounded by what the killed run delivered."""
+    """A real `dpone run` process is killed once the target holds some but not all records. Its
+    slices of 20,000 records were stored as they were delivered, so the kill loses none of that
+    progress: the rerun (here, in another process) starts from the stored offsets, delivers every
+    record and stores the end offsets, and a third run has nothing to do. Duplicates are bounded
+    by the slices in flight at the kill (two task slots), not by what the killed run delivered."""
     bs = broker.bootstrap_servers
     src, dst = unique_topic("kill"), unique_topic("kill_out")
     create_topic(bs, src, 2)
     create_topic(bs, dst, 2)
     ids = source_rows(bs, src, 2, 100_000)
-    text = manifest("fault_kill", src, dst)
+    per_slice = 20_000
+    text = manifest("fault_kill", src, dst, source_options=f"    records_per_task: {per_slice}")
     path = tmp_path / "kill.yaml"
     path.write_text(text)
     env = {**os.environ, "DPONE_SPARK_MASTER": "local[2]"}
     log = (tmp_path / "run.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "dpone_dagster.cli", "run", str(path)], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for(lambda: proc.poll() is not None or target_high_watermarks(bs, dst) > 0, 180, "the first delivered message")
+        wait_for(lambda: proc.poll() is not None or target_high_watermarks(bs, dst) >= 3 * per_slice, 180, "three slices delivered")
         assert proc.poll() is None, (tmp_path / "run.log").read_text()[-2000:]
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
@@ -140,22 +143,29 @@ def test_driver_killed_with_sigkill_mid_produce(broker, spark, kafka_env, pg_env
     delivered_by_killed_run = len(consume_raw(bs, dst, timeout_s=60))
     assert 0 < delivered_by_killed_run < len(ids), f"killed too late: {delivered_by_killed_run} of {len(ids)} delivered"
     m = parse_manifest(text)
-    assert stored_offsets(m) == {}  # nothing committed by the killed run
+    kept = stored_offsets(m)  # the slices delivered before the kill
+    assert sum(kept.values()) >= per_slice and all(o % per_slice == 0 for o in kept.values()), kept
 
     rerun = run_pipeline(m, spark)
     assert rerun.committed_offsets == {0: 100_000, 1: 100_000}
+    assert rerun.rows_extracted == len(ids) - sum(kept.values())  # the rerun read only what was not stored
     assert stored_offsets(m) == {0: 100_000, 1: 100_000}
     lost, duplicated = delivery_outcome(bs, dst, ids)
     assert lost == 0
-    assert duplicated <= delivered_by_killed_run  # at-least-once: at most what the killed run sent
+    # At-least-once: what the killed run delivered beyond its stored offsets, i.e. the slices in
+    # flight (two running, two delivered and not yet stored at most).
+    assert duplicated == delivered_by_killed_run - sum(kept.values()) <= 4 * per_slice
     assert run_pipeline(m, spark).messages_produced == 0
     fault_outcome(
         "1a. Driver process killed (SIGKILL) mid-produce",
-        "Nothing committed; the rerun re-reads from the stored offsets and delivers everything; a third run delivers nothing",
+        "Slices delivered before the kill were stored as they completed; the rerun re-reads from there and delivers the rest; a third run delivers nothing",
         lost=lost,
         duplicated=duplicated,
         recovered=True,
-        measured=f"200,000 records; killed after {delivered_by_killed_run:,} had arrived; duplicates after rerun {duplicated:,}",
+        measured=(
+            f"200,000 records in slices of {per_slice:,}; killed after {delivered_by_killed_run:,} had arrived, "
+            f"{sum(kept.values()):,} of them stored; duplicates after rerun {duplicated:,} (the slices in flight)"
+        ),
     )
 
 

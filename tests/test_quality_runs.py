@@ -129,8 +129,9 @@ def test_warn_mode_publishes_and_shows_the_failure(broker, spark, topics, tmp_pa
 
 def test_source_target_count_catches_a_delivery_mismatch(broker, spark, topics, tmp_path, monkeypatch):
     """The broker acknowledges everything it is sent, so the mismatch is injected by wrapping the
-    real producer's statistics (one acknowledged message fewer)."""
+    real producer's statistics (one acknowledged message fewer) of the Spark SQL path."""
     src, dst = topics
+    monkeypatch.setenv("DPONE_DIRECT_PATH", "off")
     real_produce = load_stage.produce
 
     def short_produce(messages, settings):

@@ -8,6 +8,7 @@ Connect mode, which the rest of this suite's classic session must not see.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -83,8 +84,9 @@ state: {{type: local, path: {state}}}
         "DPONE_MANIFESTS_DIR": str(manifests),
         "DAGSTER_HOME": str(tmp_path),
     }
-    run = dpone("run", str(manifests / "connect_run.yaml"), env=env, cwd=tmp_path)
+    run = dpone("run", str(manifests / "connect_run.yaml"), "--format", "json", env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads(run.stdout.strip().splitlines()[-1])["execution_path"] == "direct"  # Arrow tasks run on Connect too
     assert sorted(r["value"]["order_id"] for r in consume_all(bs, dst)) == sorted(p * 1000 + i for p in range(2) for i in range(500))
     assert LocalStateStore(str(state)).load_offsets(src, "dpone.connect_run") == {0: 500, 1: 500}
 

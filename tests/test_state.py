@@ -226,6 +226,30 @@ def test_failed_run_keeps_offsets_and_records_error(store: StateStore) -> None:
     assert latest.finished_at is not None
 
 
+def test_a_running_run_advances_delivered_offsets_forward_only(backend: Backend, store: StateStore) -> None:
+    earlier = run("r0")
+    store.start_run(earlier)
+    store.finish_run_success(earlier, TOPIC, GROUP, {0: 10, 1: 10})
+    record = run("r1", minutes=1)
+    store.start_run(record)
+    store.advance_offsets(record, TOPIC, GROUP, {0: 30})
+    store.advance_offsets(record, TOPIC, GROUP, {0: 20, 2: 5})  # 0 never moves back; 2 is new
+    reopened = backend.open()
+    assert reopened.load_offsets(TOPIC, GROUP) == {0: 30, 1: 10, 2: 5}
+    assert status_of(reopened, "r1") == "running"  # the run goes on
+    # A failed run keeps what it delivered; it never moves the offsets any further.
+    store.finish_run_failed(replace_error(record, "killed"))
+    with pytest.raises(StateConflict, match="r1"):
+        store.advance_offsets(record, TOPIC, GROUP, {0: 40})
+    assert backend.open().load_offsets(TOPIC, GROUP) == {0: 30, 1: 10, 2: 5}
+
+
+def test_only_a_started_run_advances_offsets(store: StateStore) -> None:
+    with pytest.raises(StateConflict):
+        store.advance_offsets(run("never_started"), TOPIC, GROUP, {0: 5})
+    assert store.load_offsets(TOPIC, GROUP) == {}
+
+
 def replace_error(record: RunRecord, error: str) -> RunRecord:
     return RunRecord(**{**record.__dict__, "error": error})
 

@@ -252,6 +252,8 @@ def materialization_metadata(result: RunResult) -> dict[str, Any]:
         "sink_partitions": MetadataValue.json(result.sink_partitions),
         "executors": MetadataValue.json(result.executors),
     }
+    if result.execution_path:
+        metadata["execution_path"] = MetadataValue.text(result.execution_path)
     if result.boundary.get("method") == "replication":  # the asset's sink_topic is empty under a topic mapping
         metadata["target_topics"] = MetadataValue.json(result.target_topics(""))
     for stage, seconds in result.timings.items():

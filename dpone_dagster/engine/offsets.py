@@ -45,6 +45,13 @@ class OffsetStorage:
         else:
             self.store.finish_run_success(record, self.topic, self.group_id, end_offsets, **recorded)
 
+    def advance(self, record: RunRecord, offsets: dict[int, int]) -> None:
+        """Store the offsets of partitions whose slices a running run has delivered (the run goes on)."""
+        if self.mode == "kafka":
+            self._commit_group(offsets)
+        else:
+            self.store.advance_offsets(record, self.topic, self.group_id, offsets)
+
     def _consumer(self) -> Consumer:
         return Consumer(
             driver_client_config(

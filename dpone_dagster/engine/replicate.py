@@ -36,6 +36,7 @@ def replicate(
     new source offset to the control topic in the same transaction. Offsets live only there."""
     from dpone_dagster.replication.run import plan_replication, run_replication
 
+    result.execution_path = "replication"
     if is_connect(spark):
         raise ConfigError(
             "exactly_once replication schedules its transactional tasks as an RDD, which a Spark Connect "

@@ -11,6 +11,8 @@ class RunResult:
     run_id: str
     pipeline: str
     status: str = "running"  # success | failed
+    # How the batch ran: "direct" (engine/direct.py), "spark_sql" (engine/stages/), "replication".
+    execution_path: str = ""
     boundary: dict[str, Any] = field(default_factory=dict)
     rows_extracted: int = 0
     messages_produced: int = 0

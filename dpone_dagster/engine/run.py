@@ -11,6 +11,7 @@ import uuid
 
 from pyspark.sql import SparkSession
 
+from dpone_dagster.engine import direct
 from dpone_dagster.engine.lifecycle import (
     export_metrics,
     lock,
@@ -23,14 +24,14 @@ from dpone_dagster.engine.replicate import replicate
 from dpone_dagster.engine.request import RunRequest
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.bad_records import screen_undecodable
-from dpone_dagster.engine.stages.boundary import plan_read
+from dpone_dagster.engine.stages.boundary import PlannedRead, plan_read
 from dpone_dagster.engine.stages.commit import commit, finish_checks_only, run_record
 from dpone_dagster.engine.stages.extract import extract
 from dpone_dagster.engine.stages.gates import pre_publish_gates
-from dpone_dagster.engine.stages.load import load, prepare_sink, publish_dead_letters
+from dpone_dagster.engine.stages.load import Delivered, load, prepare_sink, publish_dead_letters
 from dpone_dagster.engine.stages.reconcile import reconcile
 from dpone_dagster.engine.stages.shape import shape_messages
-from dpone_dagster.engine.stages.timing import KeptFrames, stage
+from dpone_dagster.engine.stages.timing import KeptFrames, Log, stage
 from dpone_dagster.errors import DponeError, RunFailed
 from dpone_dagster.kafka.config import check_producer_settings
 from dpone_dagster.manifest.models import Manifest
@@ -84,7 +85,8 @@ def _run(
     record: RunRecord,
     result: RunResult,
 ) -> None:
-    """plan → extract → bad records → gates → shape → load → reconcile → commit."""
+    """plan → extract → bad records → gates → shape → load → reconcile → commit (on the direct
+    path, extract to load run in the Spark tasks: engine/direct.py)."""
     log, clients = request.log, request.clients()
     sink_config = clients.kafka(manifest.sink)
     check_producer_settings(manifest, sink_config)  # the connection's and resource's overrides too
@@ -95,6 +97,29 @@ def _run(
         log(f"plan: {planned.name}")
     with stage(result, "preflight", log):
         target_before = prepare_sink(manifest, sink_config)
+    delivered = direct.copy(manifest, spark, planned, result, sink_config, log) if request.publish else None
+    if delivered is None:
+        delivered = _through_spark_sql(manifest, spark, request, planned, result, sink_config, log)
+    if delivered is not None:
+        with stage(result, "quality_post", log):
+            reconcile(manifest, delivered.stats, delivered.expected, sink_config, target_before, result)
+    if not request.publish:
+        return finish_checks_only(store, record, result, log)
+    with stage(result, "commit", log):
+        commit(planned, record, result, log)
+
+
+def _through_spark_sql(
+    manifest: Manifest,
+    spark: SparkSession,
+    request: RunRequest,
+    planned: PlannedRead,
+    result: RunResult,
+    sink_config: dict,
+    log: Log,
+) -> Delivered | None:
+    """extract → bad records → gates → shape → load on Spark SQL; None when nothing was produced."""
+    result.execution_path = "spark_sql"
     kept = KeptFrames()
     try:
         with stage(result, "extract", log):
@@ -111,22 +136,15 @@ def _run(
             if request.publish:
                 publish_dead_letters(letters, result, log)
             log("extract: no new records; nothing to produce")
-        else:
-            with stage(result, "shape", log):
-                messages = shape_messages(
-                    manifest, batch, letters, sink_config, clients, planned.incremental, result, kept, log
-                )
-            if request.publish:
-                publish_dead_letters(
-                    letters, result, log
-                )  # every gate passed: the output leaves, letters first
-                with stage(result, "load", log):
-                    stats = load(manifest, messages.frame, sink_config, result)
-                with stage(result, "quality_post", log):
-                    reconcile(manifest, stats, messages.expected, sink_config, target_before, result)
+            return None
+        with stage(result, "shape", log):
+            messages = shape_messages(
+                manifest, batch, letters, sink_config, request.clients(), planned.incremental, result, kept, log
+            )
+        if not request.publish:
+            return None
+        publish_dead_letters(letters, result, log)  # every gate passed: the output leaves, letters first
+        with stage(result, "load", log):
+            return Delivered(load(manifest, messages.frame, sink_config, result), messages.expected)
     finally:
         kept.release_all()
-    if not request.publish:
-        return finish_checks_only(store, record, result, log)
-    with stage(result, "commit", log):
-        commit(planned, record, result, log)

@@ -412,6 +412,9 @@ class ControlTopicStore:
         if offsets or windows:
             raise self._read_only("finish_run_success with offsets or time windows")
 
+    def advance_offsets(self, record: RunRecord, topic: str, group_id: str, offsets: dict[int, int]) -> None:
+        raise self._read_only("advance_offsets")
+
     def finish_run_failed(self, record: RunRecord) -> None:
         return None
 

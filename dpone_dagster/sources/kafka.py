@@ -64,6 +64,15 @@ class ExtractResult:
         return self.build()
 
 
+@dataclass(frozen=True)
+class JsonPlan:
+    """How a batch of JSON values is decoded (`KafkaBatchSource.json_plan`)."""
+
+    schema: StructType  # payload schema
+    envelope: str  # flat | dpone, as resolved from the sample under envelope: auto
+    notes: tuple[str, ...]
+
+
 def default_group_id(manifest: Manifest) -> str:
     source = manifest.source
     assert isinstance(source, KafkaSource)
@@ -79,6 +88,7 @@ class KafkaBatchSource:
         self.client_config = client_config
         self.group_id = default_group_id(manifest)
         self.registry_config = registry_config
+        self._json_plan: tuple[Boundary, JsonPlan] | None = None  # the last boundary's
 
     @property
     def topic(self) -> str:
@@ -181,27 +191,37 @@ class KafkaBatchSource:
 
     def raw_records(self, spark: SparkSession, boundary: Boundary) -> DataFrame:
         """The boundary's records as read (columns of kafka_reader.RAW_SCHEMA); re-readable."""
-        return read_ranges(spark, split_into_tasks(boundary, self.options.records_per_task), self._reader_settings())
+        return read_ranges(spark, split_into_tasks(boundary, self.options.records_per_task), self.reader_settings())
 
     # ----------------------------------------------------------------------- extract
 
     def extract(self, spark: SparkSession, boundary: Boundary, log: Log) -> ExtractResult:
         if self.options.message_format != "json":
             return self._extract_registry(spark, boundary, log)
+        plan = self.json_plan(boundary)
+        # An inferred schema may miss keys the sample did not hold: every record is checked.
+        detect = self.options.schema_ is None and bool(boundary.total)
+        return self._extract_json(spark, boundary, plan.schema, plan.envelope, list(plan.notes), detect, log)
+
+    def json_plan(self, boundary: Boundary) -> JsonPlan:
+        """How JSON values of `boundary` are decoded: the envelope and the payload schema (declared,
+        or inferred from a sample). Decided once per boundary: every path of a run decodes alike."""
+        if self._json_plan is not None and self._json_plan[0] is boundary:
+            return self._json_plan[1]
         sample = self.sample_values(boundary) if boundary.total else []
         envelope = self.resolve_envelope(sample)
         schema = self._schema(sample, self._decoding(envelope))
-        notes = [f"envelope: {envelope}" + (" (detected)" if self.options.envelope == "auto" else "")]
-        # An inferred schema may miss keys the sample did not hold: every record is checked.
-        detect = self.options.schema_ is None and bool(boundary.total)
-        return self._extract_json(spark, boundary, schema, envelope, notes, detect, log)
+        notes = (f"envelope: {envelope}" + (" (detected)" if self.options.envelope == "auto" else ""),)
+        plan = JsonPlan(schema, envelope, notes)
+        self._json_plan = (boundary, plan)
+        return plan
 
     def _extract_json(
         self, spark: SparkSession, boundary: Boundary, schema: StructType, envelope: str, notes: list[str], detect: bool, log: Log
     ) -> ExtractResult:
         tasks = split_into_tasks(boundary, self.options.records_per_task)
         log(f"extract: {len(tasks)} Spark task(s) over {boundary.total} offsets of '{self.topic}'")
-        settings = self._reader_settings()
+        settings = self.reader_settings()
         # Flat JSON is decoded in the read tasks where pyarrow can (spark/arrow_json.py).
         records = read_records(spark, tasks, settings, schema if envelope == "flat" else None)
         # Under envelope: auto each record is decided on its own (the sample only chose the above).
@@ -242,7 +262,7 @@ class KafkaBatchSource:
         log(f"extract: {notes[-1]}; reading the batch again")
         return self._extract_json(spark, boundary, schema, extracted.envelope, notes, False, log)
 
-    def _reader_settings(self) -> ReaderSettings:
+    def reader_settings(self) -> ReaderSettings:
         return ReaderSettings(
             client_config=self.client_config,
             group_id=self.group_id,
@@ -266,7 +286,7 @@ class KafkaBatchSource:
         fmt = self.options.message_format
         tasks = split_into_tasks(boundary, self.options.records_per_task)
         log(f"extract: {len(tasks)} Spark task(s) over {boundary.total} offsets of '{self.topic}' ({fmt})")
-        raw = read_ranges(spark, tasks, self._reader_settings()).cache()
+        raw = read_ranges(spark, tasks, self.reader_settings()).cache()
         assert self.registry_config is not None
         client = registry_client(self.registry_config)
         ids = distinct_schema_ids(raw) if boundary.total else []

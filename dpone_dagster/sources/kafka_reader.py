@@ -110,7 +110,7 @@ def read_records(spark: SparkSession, tasks: list[ReadTask], settings: ReaderSet
         for batch in batches:
             for group in batch.column(0).to_pylist():
                 for spec in groups[group]:
-                    for raw in _read_one_range(settings, *spec):
+                    for raw in read_one_range(settings, *spec):
                         records = raw if decode_schema is None else _with_decoded(raw, decode_schema)
                         yield records.drop_columns(["topic"]) if topic is not None else records
 
@@ -173,7 +173,7 @@ def _consumer_config(settings: ReaderSettings) -> dict[str, Any]:
     }
 
 
-def _read_one_range(settings: ReaderSettings, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
+def read_one_range(settings: ReaderSettings, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
     """Yield records with start <= offset < end. Fails unless the position reaches `end`.
 
     Offsets may have gaps (compaction, transaction markers), so completion is judged by the

@@ -1,7 +1,9 @@
 """Shapes and contract shared by every state store.
 
-The product rule every store enforces: Kafka offsets and SQL watermarks move forward only in the
-same commit that marks the run `success`; a failed run is recorded but never moves them.
+The product rule every store enforces: Kafka offsets and SQL watermarks move forward only after the
+sink acknowledged every message they cover — in the same commit that marks the run `success`, or,
+for a running run that produces its slices one by one (the direct path), as each slice of a
+partition is delivered (`advance_offsets`). A failed run is recorded but never moves them further.
 """
 
 from __future__ import annotations
@@ -140,6 +142,12 @@ class StateStore(Protocol):
 
         Raises StateConflict (writing nothing) when the run already finished.
         """
+        ...
+
+    def advance_offsets(self, record: RunRecord, topic: str, group_id: str, offsets: dict[int, int]) -> None:
+        """Move the offsets of partitions whose slices a running run has delivered, forward only,
+        in one commit; the run stays `running`. Raises StateConflict (writing nothing) unless the
+        run is running."""
         ...
 
     def finish_run_failed(self, record: RunRecord) -> None:

@@ -241,6 +241,19 @@ class LocalStateStore:
             self._write_state(state)  # the commit point
             self._append_run(success)  # history only; state.json already says success
 
+    def advance_offsets(self, record: RunRecord, topic: str, group_id: str, offsets: dict[int, int]) -> None:
+        check_offsets(topic, group_id, offsets)
+        with self._exclusive():
+            state = self._read_state()
+            current = self._runs(record.pipeline, state).get(record.run_id)
+            if current is None or current.status != "running":
+                raise StateConflict(f"run {record.run_id} is not running; refusing to advance its offsets")
+            stored = {int(p): int(e["offset"]) for p, e in state["offsets"].get(group_id, {}).get(topic, {}).items()}
+            forward = {p: o for p, o in offsets.items() if o > stored.get(p, -1)}
+            if forward:
+                self._set_offsets(state, topic, group_id, forward, record.run_id)
+                self._write_state(state)
+
     def _keep_previous_success(
         self, state: dict[str, Any], pipeline: str, runs: dict[str, RunRecord]
     ) -> None:

@@ -351,6 +351,22 @@ class PostgresStateStore:
             # Last on purpose: any failure up to here (or here) rolls the offsets back with it.
             self._mark_success(cur, record)
 
+    def advance_offsets(self, record: RunRecord, topic: str, group_id: str, offsets: dict[int, int]) -> None:
+        check_offsets(topic, group_id, offsets)
+        running = sql.SQL("SELECT 1 FROM {} WHERE run_id = %s AND status = 'running' FOR UPDATE").format(_ident(self._runs))
+        forward = sql.SQL(
+            'INSERT INTO {table} (group_id, topic, "partition", "offset", run_id, updated_at)'
+            " VALUES (%s, %s, %s, %s, %s, now())"
+            ' ON CONFLICT (group_id, topic, "partition") DO UPDATE'
+            ' SET "offset" = EXCLUDED."offset", run_id = EXCLUDED.run_id, updated_at = now()'
+            ' WHERE {table}."offset" < EXCLUDED."offset"'
+        ).format(table=_ident(self._offsets))
+        with self._tx() as cur:
+            cur.execute(running, (record.run_id,))
+            if cur.fetchone() is None:
+                raise StateConflict(f"run {record.run_id} is not running; refusing to advance its offsets")
+            cur.executemany(forward, [(group_id, topic, int(p), int(o), record.run_id) for p, o in sorted(offsets.items())])
+
     def finish_run_failed(self, record: RunRecord) -> None:
         if self._conn.closed:
             # The failure may be the lost connection itself: record it on a new one.

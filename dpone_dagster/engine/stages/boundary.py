@@ -30,6 +30,9 @@ class PlannedRead:
     label: str  # the source, for error messages
     incremental: bool  # an empty batch means "no new data" (not a short batch)
     commit: Callable[[RunRecord], dict[int, int]]
+    # Stores the offsets of partitions delivered so far while the run goes on (Kafka offsets read
+    # by a cursor); None where the state moves only with the whole batch.
+    checkpoint: Callable[[dict[int, int]], None] | None = None
 
 
 def plan_read(
@@ -90,7 +93,8 @@ def _plan_kafka(
         "replace",
     )
     summary = f"{boundary.total} offsets in {len(boundary.ranges)} partition(s) of '{boundary.topic}'"
-    return PlannedRead(screen or source, boundary, summary, f"'{boundary.topic}'", incremental, commit)
+    checkpoint = (lambda delivered: offsets.advance(record, delivered)) if advance and screen is None else None
+    return PlannedRead(screen or source, boundary, summary, f"'{boundary.topic}'", incremental, commit, checkpoint)
 
 
 def _plan_sql(manifest: Manifest, spark: SparkSession, store: StateStore) -> PlannedRead:

@@ -3,6 +3,8 @@ messages from Spark tasks (sinks: the Kafka producer), each delivery report chec
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pyspark.sql import DataFrame
 
 from dpone_dagster.engine.results import RunResult
@@ -34,18 +36,34 @@ def publish_dead_letters(letters: DeadLetters | None, result: RunResult, log: Lo
         letters.publish(result)
 
 
+@dataclass(frozen=True)
+class Delivered:
+    """What the load stage hands to reconciliation: the delivery reports and how many messages
+    they must account for."""
+
+    stats: DeliveryStats
+    expected: int
+
+
 def load(manifest: Manifest, messages: DataFrame, sink_config: dict, result: RunResult) -> DeliveryStats:
     """Produce every message; any message not delivered fails the run (no state has moved)."""
+    stats = produce(messages, producer_settings(manifest, sink_config))
+    check_delivery(manifest, stats, result)
+    return stats
+
+
+def producer_settings(manifest: Manifest, sink_config: dict) -> ProducerSettings:
     delivery = manifest.sink.options.delivery
-    stats = produce(
-        messages,
-        ProducerSettings(
-            topic=manifest.sink.topic,
-            config=tuple(producer_config(sink_config, delivery).items()),
-            flush_timeout_s=delivery.flush_timeout_s,
-            headers_or_partitions=kafka_messages.has_headers(manifest.sink),
-        ),
+    return ProducerSettings(
+        topic=manifest.sink.topic,
+        config=tuple(producer_config(sink_config, delivery).items()),
+        flush_timeout_s=delivery.flush_timeout_s,
+        headers_or_partitions=kafka_messages.has_headers(manifest.sink),
     )
+
+
+def check_delivery(manifest: Manifest, stats: DeliveryStats, result: RunResult) -> None:
+    """Record the delivery reports in the result; any message not delivered fails the run."""
     result.messages_produced = stats.delivered
     result.tombstones = stats.tombstones
     result.bytes_produced = stats.bytes
@@ -58,4 +76,3 @@ def load(manifest: Manifest, messages: DataFrame, sink_config: dict, result: Run
             + classified.message("; ".join(stats.errors))
             + "; no state was advanced, a rerun re-produces the batch"
         )
-    return stats

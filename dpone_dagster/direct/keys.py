@@ -1,0 +1,86 @@
+"""Repeated message keys across a batch, found from 64-bit hashes of the keys (pure numpy).
+
+Each task hashes the keys it shaped and sends the driver its distinct hashes and those that repeat
+within it; the driver adds them up. A hash seen more than once is a *candidate*: the key may
+repeat, or two keys may share a hash. Candidates are then settled on the keys themselves, so a
+collision never drops or reorders a record (engine: dedupe and per-key order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
+_LENGTH_SALT = np.uint64(0xC2B2AE3D27D4EB4F)
+
+
+def key_hashes(keys: pa.Array) -> np.ndarray:
+    """A 64-bit hash of each key's bytes (a binary array without nulls), vectorised: a polynomial
+    over the bytes, mixed with the length and a splitmix64 finaliser."""
+    if keys.null_count:
+        raise ValueError("key_hashes: null keys")
+    n = len(keys)
+    offsets = np.frombuffer(keys.buffers()[1], np.int32)[keys.offset : keys.offset + n + 1].astype(np.int64)
+    data_buffer = keys.buffers()[2]
+    data = np.frombuffer(data_buffer, np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    data = data[offsets[0] : offsets[-1]].astype(np.uint64)
+    starts = offsets[:-1] - offsets[0]
+    lengths = np.diff(offsets)
+    position = np.arange(len(data), dtype=np.int64) - np.repeat(starts, lengths)
+    with np.errstate(over="ignore"):
+        weights = _powers(int(lengths.max()) if n else 0)[position]
+        sums = np.concatenate([np.zeros(1, np.uint64), np.cumsum(data * weights, dtype=np.uint64)])
+        h = (sums[starts + lengths] - sums[starts]) ^ (lengths.astype(np.uint64) * _LENGTH_SALT)
+        h ^= h >> np.uint64(30)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(27)
+        h *= np.uint64(0x94D049BB133111EB)
+        h ^= h >> np.uint64(31)
+    return h
+
+
+def _powers(length: int) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        powers = np.full(max(length, 1), _MULTIPLIER, np.uint64)
+        powers[0] = np.uint64(1)
+        return np.cumprod(powers, dtype=np.uint64)
+
+
+@dataclass(frozen=True)
+class TaskHashes:
+    """One task's key hashes: distinct (sorted) and those it saw more than once."""
+
+    distinct: np.ndarray
+    repeated: np.ndarray
+
+    @staticmethod
+    def of(hashes: Iterable[np.ndarray]) -> TaskHashes:
+        arrays = [h for h in hashes if len(h)]
+        if not arrays:
+            empty = np.zeros(0, np.uint64)
+            return TaskHashes(empty, empty)
+        distinct, counts = np.unique(np.concatenate(arrays), return_counts=True)
+        return TaskHashes(distinct, distinct[counts > 1])
+
+    def to_bytes(self) -> tuple[bytes, bytes]:
+        return self.distinct.tobytes(), self.repeated.tobytes()
+
+    @staticmethod
+    def from_bytes(distinct: bytes, repeated: bytes) -> TaskHashes:
+        return TaskHashes(np.frombuffer(distinct, np.uint64), np.frombuffer(repeated, np.uint64))
+
+
+def candidates(tasks: Iterable[TaskHashes]) -> np.ndarray:
+    """Hashes seen more than once in the whole batch (sorted): within a task, or in two tasks."""
+    tasks = list(tasks)
+    distinct = [t.distinct for t in tasks if len(t.distinct)]
+    repeated = [t.repeated for t in tasks if len(t.repeated)]
+    across = np.zeros(0, np.uint64)
+    if len(distinct) > 1:
+        values, counts = np.unique(np.concatenate(distinct), return_counts=True)
+        across = values[counts > 1]
+    return np.unique(np.concatenate([across, *repeated])) if repeated else across

@@ -1,0 +1,228 @@
+"""Executor side of the direct path: a Spark task reads its slices of the source, decodes and
+shapes every record into the sink's message, and keeps the messages in a file of its executor
+(scan); once the driver has judged the whole batch, a task produces them (produce).
+
+Everything a task needs travels as plain data in `DirectSettings`. A produce task that finds no
+file for a slice (a retried task on another executor, a cluster that moved it) reads and shapes
+that slice again: the offsets are fixed, so the messages are the same.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+
+from dpone_dagster.direct.keys import TaskHashes, key_hashes
+from dpone_dagster.sinks import json_encode
+from dpone_dagster.sinks.kafka import ProducerSettings, produce_batches
+from dpone_dagster.sources.kafka_reader import ReaderSettings, read_one_range
+from dpone_dagster.spark import arrow_json
+
+Slice = tuple[str, int, int, int]  # topic, partition, start, end (exclusive)
+
+MESSAGE_COLUMNS = ("key", "value", "offset", "timestamp")
+
+
+@dataclass(frozen=True)
+class DirectSettings:
+    reader: ReaderSettings
+    schema: pa.Schema  # the payload schema, as the read tasks decode it (spark/arrow_json.py)
+    key_columns: tuple[int, ...] | None  # fields of a unique_key; None: no key (null)
+    hashed: bool  # the driver needs key hashes (de-duplication, per-key order)
+    max_message_bytes: int  # a larger message goes to the Spark SQL path (bad-record policy)
+    run_id: str
+
+
+@dataclass(frozen=True)
+class ScanReport:
+    """What one scan task tells the driver: counts, and why it stopped, if it did."""
+
+    rows: int
+    bytes: int
+    refused: str | None  # the batch needs the Spark SQL path
+    distinct: bytes = b""  # TaskHashes, as bytes
+    repeated: bytes = b""
+
+
+class Refused(Exception):
+    """A record the direct path leaves to the Spark SQL path (its reason is the message)."""
+
+
+def shape(settings: DirectSettings, raw: pa.RecordBatch) -> pa.RecordBatch:
+    """The sink's messages of one batch of raw records: key, value (JSON as Spark writes it),
+    and the source offset and timestamp. Raises Refused for what only the Spark SQL path handles."""
+    values = raw.column("value")
+    if values.null_count:
+        raise Refused("the batch holds tombstones (deletes)")
+    columns = arrow_json.decode_values(values, settings.schema)
+    if columns is None:
+        raise Refused("a value the task decoder leaves to Spark (corrupt, another type, or a field beyond the schema)")
+    try:
+        value = json_encode.encode_object(columns, settings.schema.names)
+        key = render_key(columns, settings.schema, settings.key_columns)
+    except json_encode.Unencodable as exc:
+        raise Refused(str(exc)) from exc
+    if settings.key_columns is not None and key.null_count:
+        raise Refused("a record without its unique key")
+    return pa.RecordBatch.from_arrays(
+        [key, value.cast(pa.binary()), raw.column("offset"), raw.column("timestamp")], names=list(MESSAGE_COLUMNS)
+    )
+
+
+def render_key(columns: list[pa.Array], schema: pa.Schema, key_columns: tuple[int, ...] | None) -> pa.Array:
+    """The message key as the Spark SQL path renders it (sinks/kafka_messages.sink_key): one
+    column as text, several as a JSON object (null when all are null), or no key."""
+    n = len(columns[0]) if columns else 0
+    if key_columns is None:
+        return pa.nulls(n, pa.binary())
+    if len(key_columns) == 1:
+        column = columns[key_columns[0]]
+        kind = column.type
+        if pa.types.is_string(kind) or pa.types.is_int64(kind):
+            return pc.cast(column, pa.string()).cast(pa.binary())
+        if pa.types.is_boolean(kind):
+            return pc.if_else(column, "true", "false").cast(pa.binary())
+        raise json_encode.Unencodable(f"a unique key of type {kind}")
+    chosen = [columns[i] for i in key_columns]
+    encoded = json_encode.encode_object(chosen, [schema.names[i] for i in key_columns])
+    any_set = pc.or_kleene(*[c.is_valid() for c in chosen]) if len(chosen) > 1 else chosen[0].is_valid()
+    return pc.if_else(any_set, encoded, pa.scalar(None, pa.string())).cast(pa.binary())
+
+
+def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
+    """Read, decode and shape `slices`, keeping the messages in this executor's spill files."""
+    rows = size = 0
+    hashes: list[np.ndarray] = []
+    try:
+        for piece in slices:
+            with _SpillWriter(spill_path(settings, piece)) as spill:
+                for raw in read_one_range(settings.reader, *piece):
+                    messages = shape(settings, raw)
+                    lengths = pc.add(pc.binary_length(messages.column("value")), _key_lengths(messages))
+                    largest = pc.max(lengths).as_py() or 0
+                    if largest > settings.max_message_bytes:
+                        raise Refused(f"a message of {largest} bytes exceeds message.max.bytes {settings.max_message_bytes}")
+                    if settings.hashed:
+                        hashes.append(key_hashes(messages.column("key")))
+                    spill.write(messages)
+                    rows += messages.num_rows
+                    size += int(pc.sum(lengths).as_py() or 0)
+    except Refused as exc:
+        return ScanReport(rows, size, str(exc))
+    distinct, repeated = TaskHashes.of(hashes).to_bytes()
+    return ScanReport(rows, size, None, distinct, repeated)
+
+
+def _key_lengths(messages: pa.RecordBatch) -> pa.Array:
+    return pc.fill_null(pc.binary_length(messages.column("key")), 0)
+
+
+def candidate_records(settings: DirectSettings, slices: list[Slice], candidates: np.ndarray) -> pa.Table:
+    """The messages of `slices` whose key hash is a candidate (direct/keys.py), with their slice's
+    partition: what the driver needs to settle them on the keys themselves."""
+    found = []
+    for piece in slices:
+        for messages in _messages(settings, piece):
+            chosen = np.isin(key_hashes(messages.column("key")), candidates)
+            if chosen.any():
+                picked = messages.filter(pa.array(chosen)).select(["key", "offset", "timestamp"])
+                found.append(picked.append_column("partition", pa.repeat(pa.scalar(piece[1], pa.int32()), picked.num_rows)))
+    schema = pa.schema([("key", pa.binary()), ("offset", pa.int64()), ("timestamp", pa.int64()), ("partition", pa.int32())])
+    return pa.Table.from_batches(found, schema) if found else schema.empty_table()
+
+
+def produce(
+    settings: DirectSettings, producer: ProducerSettings, slices: list[Slice], skip: dict[int, np.ndarray]
+) -> Iterator[pa.RecordBatch]:
+    """Produce the messages of `slices` except the source offsets in `skip` (per partition); yields
+    the delivery statistics rows of sinks/kafka.py. Spill files are removed once produced."""
+
+    def messages() -> Iterator[pa.RecordBatch]:
+        for piece in slices:
+            dropped = skip.get(piece[1])
+            for batch in _messages(settings, piece):
+                if dropped is not None and len(dropped):
+                    batch = batch.filter(pa.array(~np.isin(batch.column("offset").to_numpy(), dropped)))
+                yield batch.select(["key", "value"])
+
+    try:
+        yield from produce_batches(producer, messages())
+    finally:
+        for piece in slices:
+            _remove(spill_path(settings, piece))
+
+
+def remove_spills(settings: DirectSettings, slices: list[Slice]) -> None:
+    for piece in slices:
+        _remove(spill_path(settings, piece))
+
+
+def _messages(settings: DirectSettings, piece: Slice) -> Iterator[pa.RecordBatch]:
+    """The shaped messages of one slice: from its spill file, or read and shaped again."""
+    path = spill_path(settings, piece)
+    try:
+        source = pa.memory_map(path)
+    except FileNotFoundError:
+        for raw in read_one_range(settings.reader, *piece):
+            yield shape(settings, raw)
+        return
+    with source:
+        reader = ipc.open_file(source)
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i)
+
+
+def spill_path(settings: DirectSettings, piece: Slice) -> str:
+    """Where a slice's messages are kept: under the executor's Spark local directory (removed with
+    the executor), one directory per run."""
+    root = os.environ.get("SPARK_LOCAL_DIRS", tempfile.gettempdir()).split(",")[0]
+    topic, partition, start, end = piece
+    return os.path.join(root, f"dpone-direct-{settings.run_id}", f"{topic}-{partition}-{start}-{end}.arrow")
+
+
+class _SpillWriter:
+    """An Arrow IPC file written under a temporary name and renamed when complete, so a produce
+    task never reads a half-written slice (a scan task killed mid-way leaves no file behind)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._partial = f"{path}.{os.getpid()}.partial"
+        self._writer: ipc.RecordBatchFileWriter | None = None
+
+    def __enter__(self) -> _SpillWriter:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        return self
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self._writer is None:
+            self._writer = ipc.new_file(self._partial, batch.schema)
+        self._writer.write_batch(batch)
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if self._writer is None:
+            if kind is None:  # an empty slice: an empty file says it was read
+                ipc.new_file(self._partial, _EMPTY).close()
+                os.replace(self._partial, self.path)
+            return
+        self._writer.close()
+        if kind is None:
+            os.replace(self._partial, self.path)
+        else:
+            _remove(self._partial)
+
+
+_EMPTY = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("offset", pa.int64()), ("timestamp", pa.int64())])
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,329 @@
+"""The direct path of a Kafka → Kafka JSON run (driver side; the tasks are in dpone_dagster/direct/):
+Spark tasks read, decode, shape and produce their slices themselves, and no record crosses into
+Spark's JVM.
+
+The Spark SQL path (engine/stages/) keeps the decoded batch in Spark, counts and de-duplicates it
+there, encodes the messages with `to_json` and hands them back to producer tasks: every record
+crosses between the JVM and Python twice. When a run needs nothing only Spark SQL does, this path
+does the same work in the Python tasks, in the same order of guarantees:
+
+1. scan (direct/task.py): each task reads its slices, decodes them as the read tasks do, shapes
+   the messages byte for byte as the Spark SQL path would (sinks/json_encode.py), keeps them in a
+   file of its executor and reports counts and the hashes of its keys. Nothing is produced.
+2. judge (here): a record only the Spark SQL path handles (undecodable, a tombstone, a value the
+   encoder refuses, a message over message.max.bytes, a key that repeats where per-key order
+   matters) sends the whole run there, reading the batch again, as if this path had not run.
+   Repeated keys are settled on the keys themselves (direct/keys.py); keep_last / keep_first pick
+   the same record as the Spark SQL path (source order: timestamp, partition, offset).
+3. gates: min_rows on the counts, before anything is produced.
+4. produce (direct/task.py): the tasks produce their kept messages; the delivery reports go to the
+   load and reconciliation stages as on the other path.
+
+What takes this path is decided from the manifest (`refusal`) and then from the data (step 2).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import SparkSession
+
+from dpone_dagster.direct import task
+from dpone_dagster.direct.keys import TaskHashes, candidates
+from dpone_dagster.direct.progress import SliceProgress
+from dpone_dagster.engine.results import RunResult
+from dpone_dagster.engine.stages.boundary import PlannedRead
+from dpone_dagster.engine.stages.gates import pre_publish_gates
+from dpone_dagster.engine.stages.load import Delivered, check_delivery, producer_settings
+from dpone_dagster.engine.stages.timing import Log, stage
+from dpone_dagster.kafka.boundary import pack_tasks, split_into_tasks
+from dpone_dagster.kafka.config import producer_config
+from dpone_dagster.kafka.delivery import aggregate
+from dpone_dagster.manifest.models import KafkaSink, KafkaSource, Manifest
+from dpone_dagster.quality.gates import check_stage
+from dpone_dagster.sinks import kafka_messages
+from dpone_dagster.sources.kafka import KafkaBatchSource
+from dpone_dagster.spark import arrow_json
+from dpone_dagster.spark.slots import local_task_slots
+
+# Repeated keys are settled on the driver up to this many candidate hashes; more go to the Spark
+# SQL path, whose de-duplication scales with the cluster.
+MAX_CANDIDATES = 1_000_000
+STRATEGIES = ("incremental_append", "incremental_merge")
+CHECKS = ("min_rows", "source_target_count")  # judged on counts (the others need Spark SQL)
+
+
+def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
+    """Why a run of `manifest` over `planned` takes the Spark SQL path, or None (pure)."""
+    source, sink = manifest.source, manifest.sink
+    if os.environ.get("DPONE_DIRECT_PATH", "on").lower() in ("off", "0", "false", "no"):
+        return "DPONE_DIRECT_PATH is off"
+    if not isinstance(source, KafkaSource) or not isinstance(planned.source, KafkaBatchSource):
+        return "the source is not a Kafka topic read by offsets"
+    if not isinstance(sink, KafkaSink) or sink.type != "kafka":
+        return "the sink is not Kafka"
+    if source.options.message_format != "json" or sink.options.message_format != "json":
+        return "a Schema Registry format"
+    if planned.boundary.method not in ("offsets", "max_records"):
+        return f"read_mode {planned.boundary.method}"
+    if sink.strategy.mode not in STRATEGIES:
+        return f"strategy {sink.strategy.mode}"
+    if sink.options.envelope != "flat":
+        return f"sink envelope {sink.options.envelope}"
+    if sink.options.key.mode == "hash_row":
+        return "key mode hash_row"
+    if kafka_messages.has_headers(sink):
+        return "message headers"
+    other = sorted({c.type for c in manifest.quality.checks} - set(CHECKS))
+    if other:
+        return f"quality checks {other}"
+    return None
+
+
+def copy(
+    manifest: Manifest,
+    spark: SparkSession,
+    planned: PlannedRead,
+    result: RunResult,
+    sink_config: dict,
+    log: Log,
+) -> Delivered | None:
+    """Run the batch on the direct path, with the stages of the Spark SQL path (extract, gates,
+    shape, load); None when it must take the Spark SQL path (nothing was produced then; what this
+    path measured and judged is taken back, the reason is noted)."""
+    reason = refusal(manifest, planned)
+    if reason is None:
+        settings, reason = _settings(manifest, planned, sink_config, result.run_id)
+    if reason is not None:
+        log(f"direct path: not taken ({reason})")
+        return None
+    assert settings is not None
+    boundary = planned.boundary
+    tasks = split_into_tasks(boundary, manifest.source.options.records_per_task)
+    slices = [(t.topic, t.partition, t.start, t.end) for t in tasks]
+    groups = [[slices[i] for i in group] for group in pack_tasks(tasks, local_task_slots(spark))]
+    judged = len(result.gates)
+    try:
+        with stage(result, "extract", log):
+            log(f"extract: {len(tasks)} slice(s) in {len(groups)} Spark task(s) over {boundary.total} offsets (direct path)")
+            reports: list[task.ScanReport] = _in_tasks(spark, groups, lambda g: task.scan(settings, g))
+            refused = next((r.refused for r in reports if r.refused), None)
+            if refused is not None:
+                raise _ToSparkSql(refused)
+        rows = result.rows_extracted = sum(r.rows for r in reports)
+        _gates(manifest, spark, planned, result, rows, "quality_pre", "extracted", log)
+        with stage(result, "shape", log):
+            skip, removed = _settle_repeated_keys(manifest, spark, settings, groups, reports)
+            _gates(manifest, spark, planned, result, rows - removed, "quality_published", "published", log)
+    except _ToSparkSql as exc:
+        _remove_spills(spark, settings, groups)
+        del result.gates[judged:]
+        attempt = sum(result.timings.pop(name, 0.0) for name in ("extract", "quality_pre", "shape", "quality_published"))
+        result.timings["direct_attempt"] = round(attempt, 3)
+        result.rows_extracted = 0
+        result.notes.append(f"direct path: the batch went to the Spark SQL path: {exc}")
+        log(f"direct path: handing the batch to the Spark SQL path ({exc})")
+        return None
+    except BaseException:
+        _remove_spills(spark, settings, groups)
+        raise
+    result.notes.extend(planned.source.json_plan(boundary).notes)
+    result.duplicates_removed = removed
+    result.execution_path = "direct"
+    producer = producer_settings(manifest, sink_config)
+    # With a target reconciliation the state moves once, after it; otherwise slice by slice.
+    checkpoint = None if any(c.type == "source_target_count" for c in manifest.quality.checks) else planned.checkpoint
+    try:
+        with stage(result, "load", log):
+            if checkpoint is None:
+                produced = _in_tasks(spark, groups, lambda g: _produce(settings, producer, g, skip))
+                rows_of_stats = [row for rows_of_task in produced for row in rows_of_task]
+            else:
+                rows_of_stats = _produce_slice_by_slice(spark, settings, producer, groups, skip, boundary, checkpoint, log)
+    except BaseException:
+        _remove_spills(spark, settings, groups)
+        raise
+    stats = aggregate(rows_of_stats)
+    check_delivery(manifest, stats, result)
+    return Delivered(stats, rows - removed)
+
+
+def _remove_spills(spark: SparkSession, settings: task.DirectSettings, groups: list[list[task.Slice]]) -> None:
+    """Best effort: the files are in Spark's local directories, removed with the session anyway."""
+    try:
+        _in_tasks(spark, groups, lambda g: task.remove_spills(settings, g))
+    except Exception:  # noqa: BLE001 - the run's own outcome matters, not this clean-up
+        pass
+
+
+def _settings(
+    manifest: Manifest, planned: PlannedRead, sink_config: dict, run_id: str
+) -> tuple[task.DirectSettings | None, str | None]:
+    """The tasks' settings from the batch's JSON plan, or why the direct path cannot decode it."""
+    source: KafkaBatchSource = planned.source
+    plan = source.json_plan(planned.boundary)
+    if plan.envelope != "flat":
+        return None, f"source envelope {plan.envelope}"
+    schema = arrow_json.arrow_schema(plan.schema)
+    if schema is None or not len(schema):
+        return None, "a payload type the task decoder does not read"
+    sink = manifest.sink
+    names = list(schema.names)
+    key_columns: tuple[int, ...] | None = None
+    if sink.options.key.mode == "unique_key" and sink.strategy.unique_key_columns:
+        missing = [c for c in sink.strategy.unique_key_columns if c not in names]
+        if missing:
+            return None, f"unique_key column(s) {missing} not in the batch"
+        key_columns = tuple(names.index(c) for c in sink.strategy.unique_key_columns)
+    limit = int(producer_config(sink_config, sink.options.delivery).get("message.max.bytes", 1_000_000))
+    return (
+        task.DirectSettings(
+            reader=source.reader_settings(),
+            schema=schema,
+            key_columns=key_columns,
+            hashed=key_columns is not None,
+            max_message_bytes=limit,
+            run_id=run_id,
+        ),
+        None,
+    )
+
+
+class _ToSparkSql(Exception):
+    """The batch needs the Spark SQL path (the message says why); nothing was produced."""
+
+
+def _settle_repeated_keys(
+    manifest: Manifest,
+    spark: SparkSession,
+    settings: task.DirectSettings,
+    groups: list[list[task.Slice]],
+    reports: list[task.ScanReport],
+) -> tuple[dict[int, np.ndarray], int]:
+    """The source offsets to leave out per partition, and how many they are. Keys that repeat
+    where the Spark SQL path orders them (append) or refuses them (duplicate_policy: fail) raise
+    _ToSparkSql."""
+    if not settings.hashed:
+        return {}, 0
+    found = candidates(TaskHashes.from_bytes(r.distinct, r.repeated) for r in reports)
+    if not len(found):
+        return {}, 0
+    if len(found) > MAX_CANDIDATES:
+        raise _ToSparkSql(f"more than {MAX_CANDIDATES} keys may repeat")
+    records = pa.concat_tables(_in_tasks(spark, groups, lambda g: task.candidate_records(settings, g, found)))
+    repeated = records.group_by("key").aggregate([("key", "count")]).filter(pc.field("key_count") > 1)
+    if not repeated.num_rows:
+        return {}, 0  # hashes shared by different keys only
+    policy = manifest.sink.strategy.duplicate_policy
+    if manifest.sink.strategy.mode != "incremental_merge" or policy not in ("keep_last", "keep_first"):
+        raise _ToSparkSql(f"{repeated.num_rows} key(s) repeat in the batch (strategy {manifest.sink.strategy.mode}, duplicate_policy {policy})")
+    return _losers(records.filter(pc.is_in(records["key"], repeated["key"])), policy)
+
+
+def _losers(records: pa.Table, policy: str) -> tuple[dict[int, np.ndarray], int]:
+    """keep_last / keep_first among the records of repeated keys: the source order is (timestamp,
+    partition, offset), as on the Spark SQL path; every record but one per key is left out."""
+    order = "descending" if policy == "keep_last" else "ascending"
+    ranked = records.sort_by([("key", "ascending"), ("timestamp", order), ("partition", order), ("offset", order)])
+    keys = ranked["key"].to_pylist()
+    first = np.array([i == 0 or keys[i] != keys[i - 1] for i in range(len(keys))], bool)
+    dropped = ranked.filter(pa.array(~first))
+    partitions = dropped["partition"].to_numpy()
+    offsets = dropped["offset"].to_numpy()
+    return {int(p): np.sort(offsets[partitions == p]) for p in np.unique(partitions)}, int(len(offsets))
+
+
+def _gates(
+    manifest: Manifest,
+    spark: SparkSession,
+    planned: PlannedRead,
+    result: RunResult,
+    rows: int,
+    name: str,
+    frame_stage: str,
+    log: Log,
+) -> None:
+    """min_rows on a count, before anything is produced (the stage is there with or without
+    checks, as on the Spark SQL path)."""
+    with stage(result, name, log):
+        if any(c.type == "min_rows" and check_stage(c) == frame_stage for c in manifest.quality.checks):
+            empty = spark.createDataFrame([], planned.source.json_plan(planned.boundary).schema)
+            pre_publish_gates(manifest, empty, planned.incremental, result, rows, frame_stage)
+
+
+def _produce(
+    settings: task.DirectSettings, producer: Any, slices: list[task.Slice], skip: dict[int, np.ndarray]
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for batch in task.produce(settings, producer, slices, skip):
+        rows.extend(batch.to_pylist())
+    return rows
+
+
+def _produce_slice_by_slice(
+    spark: SparkSession,
+    settings: task.DirectSettings,
+    producer: Any,
+    groups: list[list[task.Slice]],
+    skip: dict[int, np.ndarray],
+    boundary: Any,
+    checkpoint: Callable[[dict[int, int]], None],
+    log: Log,
+) -> list[dict[str, Any]]:
+    """Produce one slice per Spark job, as many at once as there are task slots (one per group),
+    and store a partition's offset as soon as its slices up to there are delivered: a run that dies
+    re-sends at most the slices in flight, not everything it had delivered. After a failed slice
+    no new one starts; the slices running then finish (and are stored) before the error is raised."""
+    slices = sorted((s for g in groups for s in g), key=lambda s: (s[2] - _start(boundary, s[1]), s[1]))
+    progress = SliceProgress({r.partition: r.start for r in boundary.ranges})
+    rows: list[dict[str, Any]] = []
+    with ThreadPoolExecutor(max_workers=max(1, len(groups)), thread_name_prefix="dpone-produce") as pool:
+        running = {pool.submit(_in_tasks, spark, [[piece]], lambda g: _produce(settings, producer, g, skip)): piece for piece in slices}
+        failure: BaseException | None = None
+        for future in as_completed(running):
+            piece = running[future]
+            if future.cancelled():
+                continue
+            try:
+                [piece_rows] = future.result()
+            except BaseException as exc:  # the job failed: nothing of this slice may be stored
+                failure = failure or exc
+                pool.shutdown(wait=False, cancel_futures=True)
+                continue
+            rows.extend(piece_rows)
+            if not aggregate(piece_rows).ok:
+                pool.shutdown(wait=False, cancel_futures=True)  # check_delivery reports it
+                continue
+            moved = progress.delivered(piece[1], piece[2], piece[3])
+            if moved:
+                checkpoint(moved)
+                log(f"load: {piece[0]}[{piece[1]}] delivered up to offset {moved[piece[1]]}; stored")
+    if failure is not None:
+        raise failure
+    return rows
+
+
+def _start(boundary: Any, partition: int) -> int:
+    return next(r.start for r in boundary.ranges if r.partition == partition)
+
+
+def _in_tasks(spark: SparkSession, groups: list[list[task.Slice]], work: Callable[[list[task.Slice]], Any]) -> list[Any]:
+    """`work(group)` for every group of slices, one Spark task each; the results in group order.
+    Launched as an Arrow map over task indexes, which classic sessions and Spark Connect both run."""
+
+    def run(batches: Any) -> Any:
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                out = pickle.dumps((index, work(groups[index])))
+                yield pa.RecordBatch.from_arrays([pa.array([out], pa.binary())], names=["out"])
+
+    frame = spark.range(0, len(groups), 1, max(1, len(groups))).mapInArrow(run, "out binary")
+    results = dict(pickle.loads(row["out"]) for row in frame.collect())
+    return [results[i] for i in range(len(groups))]

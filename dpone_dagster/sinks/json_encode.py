@@ -1,0 +1,147 @@
+"""Encode decoded Arrow columns as JSON text, byte for byte as Spark's `to_json` writes them with
+the sink's options (`kafka_messages.JSON_WRITE_OPTIONS`: null fields kept), inside Python tasks.
+
+The direct path (dpone_dagster/direct/) shapes messages here instead of in the JVM, so the bytes
+must not depend on the path a run took. Spark writes through Jackson: strings escape `"`, `\\` and
+control characters (`\\b \\t \\n \\f \\r`, otherwise `\\u00XX` in upper case); doubles are Java's
+`Double.toString`. Java 17 prints the shortest round-trip digits for 1e-307 <= |d| < 1e16 (checked
+against Spark on millions of values, tests/test_json_encode.py) but not always outside, so such a
+double makes the batch unencodable (`Unencodable`) and the run takes the Spark SQL path.
+
+Every step is a vectorised Arrow kernel; values that need a rare rule (an escape, a double outside
+[1e-3, 1e7)) are formatted in Python one by one.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+class Unencodable(Exception):
+    """The batch holds a value (or a type) this encoder cannot write exactly as Spark does."""
+
+
+_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+_NEEDS_ESCAPE = '["\\\\\\x00-\\x1f]'  # a regex class: quote, backslash, control characters
+# Java 17's Double.toString prints the shortest repr between these magnitudes (not for some
+# subnormals: 4.9E-324 for 5e-324).
+_EXACT_DOUBLES = (1e-307, 1e16)
+
+
+def json_string(text: str) -> str:
+    """`text` as a JSON string literal, escaped as Jackson escapes it."""
+    out = []
+    for ch in text:
+        if ch in _SHORT_ESCAPES:
+            out.append(_SHORT_ESCAPES[ch])
+        elif ch < " ":
+            out.append(f"\\u{ord(ch):04X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def java_double(value: float) -> str:
+    """Java's `Double.toString(value)` for 0 and 1e-307 <= |value| < 1e16: the shortest digits that read
+    back as `value`, plain between 1e-3 and 1e7, otherwise `d.dddE<exponent>`."""
+    if value == 0:
+        return "-0.0" if repr(value).startswith("-") else "0.0"
+    sign = "-" if value < 0 else ""
+    magnitude = abs(value)
+    mantissa, _, exp_text = f"{magnitude!r}".partition("e")
+    digits_text = mantissa.replace(".", "")
+    point = (mantissa.index(".") if "." in mantissa else len(mantissa)) + (int(exp_text) if exp_text else 0)
+    stripped = digits_text.lstrip("0")
+    point -= len(digits_text) - len(stripped)
+    digits = stripped.rstrip("0") or "0"
+    if 1e-3 <= magnitude < 1e7:
+        if point <= 0:
+            return f"{sign}0.{'0' * -point}{digits}"
+        if point >= len(digits):
+            return f"{sign}{digits}{'0' * (point - len(digits))}.0"
+        return f"{sign}{digits[:point]}.{digits[point:]}"
+    return f"{sign}{digits[0]}.{digits[1:] or '0'}E{point - 1}"
+
+
+def encode(array: pa.Array) -> pa.Array:
+    """Each value of `array` as JSON text (a string array; null values stay null). Raises
+    `Unencodable` for a type or value the Spark path would write differently."""
+    kind = array.type
+    if pa.types.is_int64(kind) or pa.types.is_int32(kind):
+        return pc.cast(array, pa.string())
+    if pa.types.is_boolean(kind):
+        return pc.if_else(array, "true", "false")
+    if pa.types.is_float64(kind):
+        return _doubles(array)
+    if pa.types.is_string(kind):
+        return _strings(array)
+    if pa.types.is_list(kind):
+        return _lists(array)
+    if pa.types.is_struct(kind):
+        names = [kind.field(i).name for i in range(kind.num_fields)]
+        return _object(array.flatten(), names, array.is_valid() if array.null_count else None)
+    raise Unencodable(f"no JSON encoding for Arrow type {kind}")
+
+
+def encode_object(columns: list[pa.Array], names: list[str]) -> pa.Array:
+    """One JSON object per row of `columns` (the fields `names`, in order, nulls written)."""
+    return _object(columns, names, None)
+
+
+def _object(columns: list[pa.Array], names: list[str], valid: pa.Array | None) -> pa.Array:
+    if not columns:
+        raise Unencodable("an object without fields")
+    parts: list[pa.Array | str] = []
+    for i, (column, name) in enumerate(zip(columns, names, strict=True)):
+        parts.append(("{" if i == 0 else ",") + json_string(name) + ":")
+        parts.append(_or_null(encode(column)))
+    joined = pc.binary_join_element_wise(*parts, "}", "")
+    return joined if valid is None else pc.if_else(valid, joined, pa.scalar(None, pa.string()))
+
+
+def _or_null(encoded: pa.Array) -> pa.Array:
+    return pc.fill_null(encoded, "null") if encoded.null_count else encoded
+
+
+def _strings(array: pa.Array) -> pa.Array:
+    quoted = pc.binary_join_element_wise('"', array, '"', "")
+    special = pc.match_substring_regex(array, _NEEDS_ESCAPE)
+    if not pc.any(special).as_py():
+        return quoted
+    rare = pc.filter(array, special).to_pylist()
+    return pc.replace_with_mask(quoted, special, pa.array([json_string(t) for t in rare], pa.string()))
+
+
+def _doubles(array: pa.Array) -> pa.Array:
+    magnitude = pc.abs(array)
+    if array.null_count != len(array):
+        smallest, largest = _EXACT_DOUBLES
+        nonzero = pc.if_else(pc.equal(magnitude, 0.0), smallest, magnitude)
+        if not pc.all(pc.is_finite(array)).as_py() or not smallest <= pc.min(nonzero).as_py() <= pc.max(magnitude).as_py() < largest:
+            raise Unencodable("a double of magnitude 1e16 or more, below 1e-307, or not finite")
+    text = pc.cast(array, pa.string())
+    # Arrow writes the same shortest digits; in the plain range only ".0" for whole numbers differs.
+    plain = pc.or_(
+        pc.and_(pc.greater_equal(magnitude, 1e-3), pc.less(magnitude, 1e7)), pc.equal(magnitude, 0.0)
+    )
+    plain = pc.and_(plain, pc.invert(pc.match_substring(text, "e")))
+    fraction = pc.match_substring(text, ".")
+    text = pc.if_else(fraction, text, pc.binary_join_element_wise(text, ".0", ""))
+    rare = pc.and_(pc.invert(plain), array.is_valid())
+    if not pc.any(rare).as_py():
+        return text
+    values = pc.filter(array, rare).to_pylist()
+    return pc.replace_with_mask(text, rare, pa.array([java_double(v) for v in values], pa.string()))
+
+
+def _lists(array: pa.Array) -> pa.Array:
+    offsets = array.offsets
+    if array.offset or offsets[0].as_py():
+        offsets = pc.subtract(offsets, offsets[0])
+    values = _or_null(encode(array.flatten()))
+    lists = pa.ListArray.from_arrays(offsets, values)
+    joined = pc.binary_join_element_wise("[", pc.binary_join(lists, ","), "]", "")
+    if not array.null_count:
+        return joined
+    return pc.if_else(array.is_valid(), joined, pa.scalar(None, pa.string()))

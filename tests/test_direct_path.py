@@ -1,0 +1,287 @@
+"""The direct path (engine/direct.py) against the Spark SQL path on the same source: the target
+topics must hold the same messages (key, value, partition), byte for byte; what the direct path
+cannot do exactly goes to the Spark SQL path, never half done."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from conftest import consume_raw, create_topic, produce_json, unique_topic
+
+from dpone_dagster.direct import task
+from dpone_dagster.direct.keys import TaskHashes, candidates, key_hashes
+from dpone_dagster.direct.progress import SliceProgress
+from dpone_dagster.engine.direct import _losers
+from dpone_dagster.engine.run import run_pipeline
+from dpone_dagster.errors import DataRefused, RunFailed
+from dpone_dagster.manifest import parse_manifest
+from dpone_dagster.sources.kafka_reader import ReaderSettings
+from dpone_dagster.state.local import LocalStateStore
+
+
+def manifest_text(src: str, dst: str, state: Path, strategy: str, sink_options: str = "", quality: str = "") -> str:
+    return f"""
+name: direct_{dst}
+source:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {src}
+  options: {{group_id: g_{dst}}}
+sink:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {dst}
+  strategy: {strategy}
+  options: {{{sink_options}}}
+state: {{type: local, path: "{state}"}}
+{quality}
+"""
+
+
+def run_both(bs: str, spark: Any, src: str, tmp_path: Path, monkeypatch: Any, strategy: str, sink_options: str = "", partitions: int = 3):
+    """The same manifest on each path, each into its own target; returns (direct, spark_sql),
+    each as (RunResult, records)."""
+    out = []
+    for path in ("direct", "spark_sql"):
+        if path == "spark_sql":
+            monkeypatch.setenv("DPONE_DIRECT_PATH", "off")
+        dst = unique_topic(f"d_{path}")
+        create_topic(bs, dst, partitions)
+        state = tmp_path / path
+        result = run_pipeline(parse_manifest(manifest_text(src, dst, state, strategy, sink_options)), spark)
+        out.append((result, consume_raw(bs, dst)))
+    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+    return out
+
+
+def messages(records: list[dict[str, Any]]) -> Counter:
+    """Keyed messages with their partition; a message without a key lands where the producer's
+    sticky partitioner put it, on either path."""
+    return Counter((r["partition"] if r["key"] is not None else None, r["key"], r["value"]) for r in records)
+
+
+def orders(n: int, start: int = 0) -> list[dict[str, Any]]:
+    """Order events with nested objects, arrays, doubles, nulls, escapes and non-ASCII text."""
+    out = []
+    for i in range(start, start + n):
+        out.append(
+            {
+                "order_id": i,
+                "customer": f"c{i % 97}",
+                "amount": round(i * 1.37 % 1000, 2) if i % 11 else None,
+                "rate": (i % 7) / 3,
+                "big": i * 1_000_003,
+                "paid": i % 3 == 0,
+                "note": ["plain", 'say "hi"\n', "é€😀", "tab\tand\\slash", "\u0001ctl"][i % 5],
+                "tags": [f"t{j}" for j in range(i % 3)],
+                "address": {"city": f"city{i % 5}", "zip": None if i % 4 == 0 else f"{i:05d}", "lines": [{"n": i % 9}]},
+            }
+        )
+    return out
+
+
+def test_same_messages_on_both_paths(broker, spark, kafka_env, tmp_path, monkeypatch):
+    bs = broker.bootstrap_servers
+    src = unique_topic("dsrc")
+    create_topic(bs, src, 3)
+    for p in range(3):
+        produce_json(bs, src, orders(400, p * 400), partition=p)
+    (direct, direct_records), (sql, sql_records) = run_both(
+        bs, spark, src, tmp_path, monkeypatch, "{mode: incremental_merge, unique_key: order_id}"
+    )
+    assert direct.execution_path == "direct" and sql.execution_path == "spark_sql"
+    assert len(direct_records) == 1200
+    assert messages(direct_records) == messages(sql_records)
+    assert direct.committed_offsets == sql.committed_offsets == {0: 400, 1: 400, 2: 400}
+    assert direct.rows_extracted == direct.messages_produced == 1200
+    # The values are the source records (what the JVM decoder and encoder make of them).
+    assert sorted(json.loads(r["value"])["order_id"] for r in direct_records) == list(range(1200))
+
+
+@pytest.mark.parametrize("policy", ["keep_last", "keep_first"])
+def test_repeated_keys_keep_the_record_the_spark_sql_path_keeps(broker, spark, kafka_env, tmp_path, monkeypatch, policy):
+    """Keys repeat within a partition and across partitions, with equal timestamps (the tie is
+    broken by partition, then offset), and order ids look alike as text and as numbers."""
+    bs = broker.bootstrap_servers
+    src = unique_topic("dsrc")
+    create_topic(bs, src, 3)
+    rows = {p: [{"order_id": i % 50, "version": f"p{p}-{i}"} for i in range(120)] for p in range(3)}
+    for p in range(3):
+        produce_json(bs, src, rows[p], partition=p, timestamps=[1_700_000_000_000 + i // 7 for i in range(120)])
+    (direct, direct_records), (sql, sql_records) = run_both(
+        bs, spark, src, tmp_path, monkeypatch, f"{{mode: incremental_merge, unique_key: order_id, duplicate_policy: {policy}}}"
+    )
+    assert direct.execution_path == "direct"
+    assert direct.duplicates_removed == sql.duplicates_removed == 310
+    assert len(direct_records) == 50
+    assert messages(direct_records) == messages(sql_records)
+
+
+def test_append_without_repeats_and_with_null_or_composite_keys(broker, spark, kafka_env, tmp_path, monkeypatch):
+    bs = broker.bootstrap_servers
+    src = unique_topic("dsrc")
+    create_topic(bs, src, 2)
+    for p in range(2):
+        produce_json(bs, src, [{"a": p, "b": f"x{p}-{i}", "v": i * 0.5} for i in range(300)], partition=p)
+    for strategy in (
+        "{mode: incremental_append, unique_key: b}",
+        "{mode: incremental_append}",  # no unique key: the key is null
+        "{mode: incremental_merge, unique_key: [a, b]}",  # a JSON object key
+    ):
+        (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path, monkeypatch, strategy, partitions=2)
+        assert direct.execution_path == "direct", strategy
+        assert len(direct_records) == 600 and messages(direct_records) == messages(sql_records), strategy
+
+
+def test_what_only_spark_sql_does_goes_there_before_anything_is_produced(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """Each batch holds one record the direct path cannot shape exactly; the whole batch takes the
+    Spark SQL path, so the target holds each message once."""
+    bs = broker.bootstrap_servers
+    keyed = "{mode: incremental_append, unique_key: order_id}"
+    cases = {  # reason: (the odd record, source options, sink options, strategy)
+        "tombstone": (None, "", "deletes: {when_disabled: skip}", "{mode: incremental_append}"),
+        "a value that is not JSON": (b"{not json", "on_error: skip", "", keyed),
+        "a field beyond the schema sample": ({"order_id": 5_000, "amount": 1.5, "blob": "", "extra": 1}, "", "", keyed),
+        "a double Java prints differently": ({"order_id": 5_000, "amount": 6.960309306789904e18, "blob": ""}, "", "", keyed),
+        "a message over message.max.bytes": (
+            {"order_id": 5_000, "amount": 1.5, "blob": "x" * 3000},
+            "on_error: skip",
+            "delivery: {producer_config: {message.max.bytes: 2000}}",
+            keyed,
+        ),
+        "a record without its unique key": ({"order_id": None, "amount": 1.5, "blob": ""}, "on_error: skip", "", keyed),
+        "a key that repeats in an append": ({"order_id": 0, "amount": 1.5, "blob": ""}, "", "", keyed),
+    }
+    for reason, (odd, source_options, sink_options, strategy) in cases.items():
+        src, dst = unique_topic("dsrc"), unique_topic("ddst")
+        create_topic(bs, src, 1)
+        create_topic(bs, dst, 1)
+        rows: list[Any] = [{"order_id": i, "amount": 1.5, "blob": ""} for i in range(1_200)]
+        rows[1_100] = odd  # past the schema sample (the first 1,000 records)
+        produce_json(bs, src, rows, partition=0)
+        text = manifest_text(src, dst, tmp_path / dst, strategy, sink_options)
+        if source_options:
+            text = text.replace("options: {group_id:", f"options: {{{source_options}, group_id:")
+        result = run_pipeline(parse_manifest(text), spark)
+        assert result.execution_path == "spark_sql", reason
+        assert any(n.startswith("direct path: the batch went to the Spark SQL path") for n in result.notes), reason
+        produced = consume_raw(bs, dst)
+        assert len(produced) == result.messages_produced == (1_200 if reason.startswith(("a key", "a double", "a field")) else 1_199), reason
+        values = [r["value"] for r in produced]
+        assert len(set(values)) == len(values) or reason.startswith("a key"), reason
+        assert result.committed_offsets == {0: 1_200}, reason
+
+
+def test_gates_refuse_before_the_direct_path_produces(broker, spark, kafka_env, tmp_path):
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("dsrc"), unique_topic("ddst")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    produce_json(bs, src, [{"order_id": i % 5} for i in range(20)], partition=0)
+    quality = "quality:\n  mode: fail\n  checks: [{type: min_rows, threshold: 21}]"
+    m = parse_manifest(manifest_text(src, dst, tmp_path, "{mode: incremental_merge, unique_key: order_id}", quality=quality))
+    with pytest.raises(DataRefused, match="min_rows"):
+        run_pipeline(m, spark)  # 20 rows extracted
+    assert consume_raw(bs, dst) == []
+    assert LocalStateStore(str(tmp_path)).load_offsets(src, f"g_{dst}") == {}
+
+
+def test_duplicate_policy_fail_is_judged_on_the_keys(broker, spark, kafka_env, tmp_path):
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("dsrc"), unique_topic("ddst")
+    create_topic(bs, src, 2)
+    create_topic(bs, dst, 2)
+    produce_json(bs, src, [{"order_id": i} for i in range(10)], partition=0)
+    strategy = "{mode: incremental_merge, unique_key: order_id, duplicate_policy: fail}"
+    m = parse_manifest(manifest_text(src, dst, tmp_path, strategy))
+    assert run_pipeline(m, spark).execution_path == "direct"
+    produce_json(bs, src, [{"order_id": 3}], partition=1)
+    produce_json(bs, src, [{"order_id": 3}], partition=0)
+    with pytest.raises(RunFailed, match="duplicate_policy: fail"):
+        run_pipeline(m, spark)
+    assert len(consume_raw(bs, dst)) == 10
+
+
+def test_a_produce_task_without_its_spill_reads_the_slice_again(broker, kafka_env, tmp_path):
+    """No Spark here: the task functions themselves. What a produce task sends is the same whether
+    the scan's file is there or the slice is read and shaped again."""
+    bs = broker.bootstrap_servers
+    src = unique_topic("dsrc")
+    create_topic(bs, src, 1)
+    produce_json(bs, src, orders(500), partition=0)
+    schema = pa.schema([("order_id", pa.int64()), ("note", pa.string()), ("tags", pa.list_(pa.string()))])
+    rows = [{k: r[k] for k in schema.names} for r in orders(500)]
+    produce_json(bs, src, rows, partition=0)
+    settings = task.DirectSettings(
+        reader=ReaderSettings(client_config={"bootstrap.servers": bs}, group_id="g"),
+        schema=schema,
+        key_columns=(0,),
+        hashed=True,
+        max_message_bytes=1_000_000,
+        run_id="r1",
+    )
+    piece = (src, 0, 500, 1000)
+    kept = list(task._messages(settings, piece))  # no spill yet: read and shaped
+    report = task.scan(settings, [piece])
+    assert report.refused is None and report.rows == 500
+    assert Path(task.spill_path(settings, piece)).exists()
+    from_spill = list(task._messages(settings, piece))
+    assert pa.Table.from_batches(from_spill).equals(pa.Table.from_batches(kept))
+    first = json.loads(from_spill[0].column("value")[0].as_py())
+    assert first == {"order_id": 0, "note": "plain", "tags": []}
+    task.remove_spills(settings, [piece])
+    assert not Path(task.spill_path(settings, piece)).exists()
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def test_key_hashes_tell_keys_apart():
+    keys = [b"", b"a", b"\x00", b"ab", b"ba", b"a" * 300, b"a" * 301, "é".encode(), b"12", b"21"]
+    hashes = key_hashes(pa.array(keys, pa.binary()))
+    assert len(set(hashes.tolist())) == len(keys)
+    # A sliced array hashes its own values.
+    assert key_hashes(pa.array(keys, pa.binary()).slice(3, 4)).tolist() == hashes[3:7].tolist()
+    assert key_hashes(pa.array([b"ab"], pa.binary())).tolist() == [hashes[3]]
+
+
+def test_candidates_are_hashes_seen_twice_anywhere():
+    first = TaskHashes.of([np.array([5, 1, 5, 9], np.uint64)])
+    second = TaskHashes.of([np.array([2, 9], np.uint64), np.array([7], np.uint64)])
+    third = TaskHashes.of([])
+    assert first.repeated.tolist() == [5]
+    assert candidates([first, second, third]).tolist() == [5, 9]
+    assert candidates([TaskHashes.from_bytes(*second.to_bytes())]).tolist() == []
+
+
+def test_losers_follow_the_source_order():
+    records = pa.table(
+        {
+            "key": [b"k", b"k", b"k", b"j", b"j"],
+            "offset": [3, 1, 2, 0, 1],
+            "timestamp": [10, 10, 9, 5, 5],
+            "partition": [0, 1, 1, 2, 0],
+        },
+        schema=pa.schema([("key", pa.binary()), ("offset", pa.int64()), ("timestamp", pa.int64()), ("partition", pa.int32())]),
+    )
+    # keep_last: k -> (10, 1, 1) beats (10, 0, 3) and (9, 1, 2); j -> (5, 2, 0) beats (5, 0, 1).
+    skip, dropped = _losers(records, "keep_last")
+    assert dropped == 3
+    assert {p: o.tolist() for p, o in skip.items()} == {0: [1, 3], 1: [2]}
+    skip, dropped = _losers(records, "keep_first")
+    assert {p: o.tolist() for p, o in skip.items()} == {0: [3], 1: [1], 2: [0]}
+
+
+def test_a_partition_is_stored_up_to_its_first_undelivered_slice():
+    progress = SliceProgress({0: 100, 1: 0})
+    assert progress.delivered(0, 200, 300) == {}  # [100, 200) is not delivered yet
+    assert progress.delivered(1, 0, 50) == {1: 50}
+    assert progress.delivered(0, 100, 200) == {0: 300}  # both slices now
+    assert progress.delivered(1, 100, 150) == {}
+    assert progress.reached == {0: 300, 1: 50}

@@ -1,0 +1,130 @@
+"""The direct path's JSON encoder against Spark's own `to_json` on the same values: byte for byte,
+or refused (`Unencodable`), never different."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from dpone_dagster.sinks.json_encode import Unencodable, encode, encode_object, java_double, json_string
+from dpone_dagster.sinks.kafka_messages import JSON_WRITE_OPTIONS
+from dpone_dagster.spark.arrow_json import arrow_schema
+
+SCHEMA = StructType(
+    [
+        StructField("id", LongType()),
+        StructField("name", StringType()),
+        StructField("amount", DoubleType()),
+        StructField("ok", BooleanType()),
+        StructField("tags", ArrayType(StringType())),
+        StructField("scores", ArrayType(DoubleType())),
+        StructField(
+            "address",
+            StructType(
+                [
+                    StructField("street", StringType()),
+                    StructField("lines", ArrayType(StructType([StructField("n", LongType()), StructField("t", StringType())]))),
+                ]
+            ),
+        ),
+        StructField('we"ird\nname', LongType()),
+    ]
+)
+
+_ALPHABET = "abc xyz\"\\/\n\t\r\b\f\x00\x01\x1f\x7f é€😀\u2028"
+
+
+def _text(rng: random.Random) -> str | None:
+    if rng.random() < 0.1:
+        return None
+    return "".join(rng.choice(_ALPHABET) if rng.random() < 0.3 else rng.choice("abcdefgh") for _ in range(rng.randint(0, 12)))
+
+
+def _double(rng: random.Random) -> float | None:
+    pick = rng.random()
+    if pick < 0.1:
+        return None
+    if pick < 0.4:
+        return round(rng.uniform(-1e4, 1e4), rng.randint(0, 6))
+    if pick < 0.7:
+        value = struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0]
+        while value != value or not 1e-307 <= abs(value) < 1e16:
+            value = struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0]
+        return value
+    return rng.choice([0.0, -0.0, 1e-3, 9.999e-4, 1e7, 9999999.5, 1e15, -1e-300, 1e-307, 123.0])
+
+
+def _row(rng: random.Random) -> dict:
+    maybe = lambda v: None if rng.random() < 0.1 else v  # noqa: E731
+    return {
+        "id": maybe(rng.randint(-(2**63), 2**63 - 1)),
+        "name": _text(rng),
+        "amount": _double(rng),
+        "ok": maybe(rng.random() < 0.5),
+        "tags": maybe([_text(rng) for _ in range(rng.randint(0, 3))]),
+        "scores": maybe([_double(rng) for _ in range(rng.randint(0, 3))]),
+        "address": maybe(
+            {
+                "street": _text(rng),
+                "lines": maybe([maybe({"n": maybe(rng.randint(0, 99)), "t": _text(rng)}) for _ in range(rng.randint(0, 2))]),
+            }
+        ),
+        'we"ird\nname': maybe(rng.randint(0, 9)),
+    }
+
+
+def test_encoder_writes_what_spark_writes(spark):
+    rng = random.Random(20261125)
+    rows = [_row(rng) for _ in range(20_000)]
+    expected = [
+        r[0]
+        for r in spark.createDataFrame([tuple(r.values()) for r in rows], SCHEMA)
+        .select(F.to_json(F.struct(*[F.col(f"`{n}`") for n in SCHEMA.names]), JSON_WRITE_OPTIONS))
+        .collect()
+    ]
+    table = pa.Table.from_pylist(rows, schema=arrow_schema(SCHEMA))
+    # In batches, some sliced (the read tasks hand over slices of larger arrays).
+    got: list[str] = []
+    for start in range(0, len(rows), 3_000):
+        batch = table.slice(start, 3_000)
+        got.extend(encode_object([batch.column(i).combine_chunks() for i in range(batch.num_columns)], SCHEMA.names).to_pylist())
+    mismatches = [(i, g, e) for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e]
+    assert not mismatches[:5]
+
+
+def test_doubles_match_java_between_1e_307_and_1e16(spark):
+    rng = random.Random(7)
+    low, high = (struct.unpack("Q", struct.pack("d", v))[0] for v in (1e-307, 1e16))
+    values = [struct.unpack("d", struct.pack("Q", rng.randint(low, high - 1)))[0] * rng.choice([1, -1]) for _ in range(100_000)]
+    frame = spark.createDataFrame([(v,) for v in values], "x double")
+    java = [r[0] for r in frame.select(F.col("x").cast("string")).collect()]
+    assert [java_double(v) for v in values] == java
+    assert encode(pa.array(values)).to_pylist() == [java_double(v) for v in values]
+
+
+def test_large_doubles_are_refused_not_guessed():
+    with pytest.raises(Unencodable):
+        encode(pa.array([1.5, 6.960309306789904e18]))  # Java 17 prints -6.9603093067899044E18
+    with pytest.raises(Unencodable):
+        encode(pa.array([1e16]))
+    with pytest.raises(Unencodable):
+        encode(pa.array([0.0, 5e-324]))  # Java 17 prints 4.9E-324
+    assert encode(pa.array([None, 9.999999999999998e15], pa.float64())).to_pylist() == [None, "9.999999999999998E15"]
+
+
+def test_escapes_as_jackson():
+    assert json_string('a"b\\c\n\x0b\u2028é') == '"a\\"b\\\\c\\n\\u000B\u2028é"'
+    assert encode(pa.array(["plain", None, "tab\there"])).to_pylist() == ['"plain"', None, '"tab\\there"']
