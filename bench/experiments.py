@@ -15,6 +15,7 @@ Variants (combine with '+', e.g. rpt=100000+linger=50):
   linger=N        producer linger.ms N;  bsize=N producer batch.size N;  bnm=N batch.num.messages N
   window_dedupe   resolve duplicate keys by sorting the whole batch (the fallback beyond
                   engine.stages.shape.BROADCAST_DEDUPE_KEYS duplicated keys)
+  spark_sql       the Spark SQL path for a run the direct path would take (engine/direct.py)
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ SCHEMA = StructType(
             ),
         ),
         StructField('we"ird\nname', LongType()),
+        StructField("code", StringType()),  # never null: its quotes join the literal text
     ]
 )
 
@@ -83,6 +84,7 @@ def _row(rng: random.Random) -> dict:
             }
         ),
         'we"ird\nname': maybe(rng.randint(0, 9)),
+        "code": _text(rng) or "",
     }
 
 

@@ -1,8 +1,9 @@
 """Repeated message keys across a batch, found from 64-bit hashes of the keys (pure numpy).
 
-Each task hashes the keys it shaped and sends the driver its distinct hashes and those that repeat
-within it; the driver adds them up. A hash seen more than once is a *candidate*: the key may
-repeat, or two keys may share a hash. Candidates are then settled on the keys themselves, so a
+Each task hashes the keys it shaped; its distinct hashes and those that repeat within it are split
+into buckets, and each bucket (a Spark task after a shuffle, or the driver on Spark Connect) adds up
+what every task sent it. A hash seen more than once is a *candidate*: the key may repeat, or two
+keys may share a hash. Candidates are then settled on the keys themselves, so a
 collision never drops or reorders a record (engine: dedupe and per-key order).
 """
 
@@ -66,12 +67,13 @@ class TaskHashes:
         distinct, counts = np.unique(np.concatenate(arrays), return_counts=True)
         return TaskHashes(distinct, distinct[counts > 1])
 
-    def to_bytes(self) -> tuple[bytes, bytes]:
-        return self.distinct.tobytes(), self.repeated.tobytes()
-
-    @staticmethod
-    def from_bytes(distinct: bytes, repeated: bytes) -> TaskHashes:
-        return TaskHashes(np.frombuffer(distinct, np.uint64), np.frombuffer(repeated, np.uint64))
+    def split(self, buckets: int) -> list[TaskHashes]:
+        """The hashes by bucket (hash modulo `buckets`): equal hashes of any two tasks meet in one
+        bucket, so each bucket finds its candidates on its own."""
+        return [
+            TaskHashes(self.distinct[self.distinct % buckets == b], self.repeated[self.repeated % buckets == b])
+            for b in range(buckets)
+        ]
 
 
 def candidates(tasks: Iterable[TaskHashes]) -> np.ndarray:

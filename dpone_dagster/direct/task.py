@@ -47,8 +47,7 @@ class ScanReport:
     rows: int
     bytes: int
     refused: str | None  # the batch needs the Spark SQL path
-    distinct: bytes = b""  # TaskHashes, as bytes
-    repeated: bytes = b""
+    hashes: TaskHashes | None = None  # of the keys, when the driver needs them
 
 
 class Refused(Exception):
@@ -116,8 +115,7 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                     size += int(pc.sum(lengths).as_py() or 0)
     except Refused as exc:
         return ScanReport(rows, size, str(exc))
-    distinct, repeated = TaskHashes.of(hashes).to_bytes()
-    return ScanReport(rows, size, None, distinct, repeated)
+    return ScanReport(rows, size, None, TaskHashes.of(hashes) if settings.hashed else None)
 
 
 def _key_lengths(messages: pa.RecordBatch) -> pa.Array:

