@@ -159,9 +159,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from datetime import datetime
 
     from dpone_dagster.engine.run import RunRequest, resolve_connections, run_pipeline
-    from dpone_dagster.resources.spark import spark_config_from_env
     from dpone_dagster.sources.kafka import TimeWindow
-    from dpone_dagster.spark.session import get_spark, jdbc_jars, with_jars
+    from dpone_dagster.spark.session import get_spark, jdbc_jars, spark_config_from_env, with_jars
 
     manifest = load_manifest(args.manifest)
     windows = None
@@ -348,9 +347,8 @@ def cmd_broker_start(args: argparse.Namespace) -> int:
 
 
 def cmd_spark_server_start(args: argparse.Namespace) -> int:
-    from dpone_dagster.resources.spark import spark_config_from_env
     from dpone_dagster.spark import connect_server
-    from dpone_dagster.spark.session import DEBIAN_JDBC_JARS, with_jars
+    from dpone_dagster.spark.session import DEBIAN_JDBC_JARS, spark_config_from_env, with_jars
 
     # The server serves every pipeline: every JDBC driver installed goes on its classpath.
     jars = [jar for jar in DEBIAN_JDBC_JARS.values() if os.path.exists(jar)]

@@ -19,7 +19,7 @@ import pytest
 from conftest import consume_all, create_topic, produce_json, unique_topic
 
 from dpone_dagster.embedded_broker import free_port
-from dpone_dagster.spark.session import client_conf
+from dpone_dagster.spark.session import client_conf, fresh_session, shared_session
 from dpone_dagster.state.local import LocalStateStore
 
 pytestmark = pytest.mark.spark_connect
@@ -52,7 +52,37 @@ def test_client_settings_leave_server_settings_to_the_server(monkeypatch):
     conf = {"spark.master": "local[2]", "spark.task.maxFailures": "1", "spark.sql.session.timeZone": "UTC"}
     assert client_conf(conf) == conf  # classic: unchanged
     monkeypatch.setenv("DPONE_SPARK_REMOTE", "sc://127.0.0.1:15002")
-    assert client_conf(conf) == {"spark.remote": "sc://127.0.0.1:15002", "spark.sql.session.timeZone": "UTC"}
+    shared = shared_session("sc://127.0.0.1:15002")
+    assert client_conf(conf) == {"spark.remote": shared, "spark.sql.session.timeZone": "UTC"}
+
+
+def test_every_run_of_a_server_names_the_same_session():
+    shared = shared_session("sc://127.0.0.1:15002")
+    assert shared.startswith("sc://127.0.0.1:15002/;session_id=") and shared == shared_session("sc://127.0.0.1:15002/")
+    assert shared != shared_session("sc://127.0.0.1:15003")
+    assert shared_session("sc://h:1/;token=t").startswith("sc://h:1/;token=t;session_id=")
+    own = "sc://h:1/;session_id=6d0bd6c4-0a9d-4e1e-9d38-5b3bd5e1b5a3"
+    assert shared_session(own) == own  # a URL that names its session keeps it
+    assert fresh_session(shared) != shared and fresh_session(shared).startswith("sc://127.0.0.1:15002/;session_id=")
+
+
+def server_python_daemons(url: str) -> int:
+    """Python worker daemons the Connect server at `url` started (pyspark.daemon processes whose
+    parent is the server's JVM): one per Connect session that ran Python."""
+    port = url.rsplit(":", 1)[1].strip("/")
+    commands, parents = {}, {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                commands[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    return sum(
+        1
+        for pid, command in commands.items()
+        if "pyspark.daemon" in command and f"spark.connect.grpc.binding.port={port} " in commands.get(parents[pid], "") + " "
+    )
 
 
 def test_dpone_run_and_dagster_materialize_on_a_connect_server(broker, connect_server, tmp_path):
@@ -98,3 +128,17 @@ state: {{type: local, path: {state}}}
     assert materialize.returncode == 0, materialize.stdout[-3000:] + materialize.stderr[-3000:]
     assert len(consume_all(bs, dst)) == 1010  # only the 10 new records were read and produced
     assert LocalStateStore(str(state)).load_offsets(src, "dpone.connect_run") == {0: 510, 1: 500}
+    # Both processes ran in the server's one shared session: one Python worker daemon, not one per run.
+    assert server_python_daemons(url) == 1
+
+    # A client closes the shared session; the next run gets a session of its own and completes.
+    closer = subprocess.run(
+        [sys.executable, "-c", "from dpone_dagster.spark.session import get_spark; get_spark().stop()"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert closer.returncode == 0, closer.stderr[-2000:]
+    produce_json(bs, src, [{"order_id": 6000 + i} for i in range(5)], partition=1)
+    again = dpone("run", str(manifests / "connect_run.yaml"), env=env, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert len(consume_all(bs, dst)) == 1015
+    assert LocalStateStore(str(state)).load_offsets(src, "dpone.connect_run") == {0: 510, 1: 505}

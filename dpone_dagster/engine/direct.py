@@ -144,7 +144,8 @@ def copy(
     checkpoint = None if any(c.type == "source_target_count" for c in manifest.quality.checks) else planned.checkpoint
     try:
         with stage(result, "load", log):
-            if checkpoint is None:
+            slices_at_once = sum(len(g) for g in groups) <= len(groups)  # storing slice by slice bounds nothing
+            if checkpoint is None or slices_at_once:
                 produced = _in_tasks(spark, groups, lambda g: _produce(settings, producer, g, skip))
                 rows_of_stats = [row for rows_of_task in produced for row in rows_of_task]
             else:
@@ -322,24 +323,28 @@ def _produce_slice_by_slice(
     with ThreadPoolExecutor(max_workers=max(1, len(groups)), thread_name_prefix="dpone-produce") as pool:
         running = {pool.submit(_in_tasks, spark, [[piece]], lambda g: _produce(settings, producer, g, skip)): piece for piece in slices}
         failure: BaseException | None = None
-        for future in as_completed(running):
-            piece = running[future]
-            if future.cancelled():
-                continue
-            try:
-                [piece_rows] = future.result()
-            except BaseException as exc:  # the job failed: nothing of this slice may be stored
-                failure = failure or exc
-                pool.shutdown(wait=False, cancel_futures=True)
-                continue
-            rows.extend(piece_rows)
-            if not aggregate(piece_rows).ok:
-                pool.shutdown(wait=False, cancel_futures=True)  # check_delivery reports it
-                continue
-            moved = progress.delivered(piece[1], piece[2], piece[3])
-            if moved:
-                checkpoint(moved)
-                log(f"load: {piece[0]}[{piece[1]}] delivered up to offset {moved[piece[1]]}; stored")
+        try:
+            for future in as_completed(running):
+                piece = running[future]
+                if future.cancelled():
+                    continue
+                try:
+                    [piece_rows] = future.result()
+                except Exception as exc:  # the job failed: nothing of this slice may be stored
+                    failure = failure or exc
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    continue
+                rows.extend(piece_rows)
+                if not aggregate(piece_rows).ok:
+                    pool.shutdown(wait=False, cancel_futures=True)  # check_delivery reports it
+                    continue
+                moved = progress.delivered(piece[1], piece[2], piece[3])
+                if moved:
+                    checkpoint(moved)
+                    log(f"load: {piece[0]}[{piece[1]}] delivered up to offset {moved[piece[1]]}; stored")
+        except BaseException:  # the state store failed (or the run was interrupted): start nothing more
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     if failure is not None:
         raise failure
     return rows

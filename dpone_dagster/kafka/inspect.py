@@ -25,7 +25,14 @@ INSPECT_DEFAULTS: dict[str, Any] = {
     "auto.offset.reset": "error",
     # Probes read single records; keep fetches small.
     "max.partition.fetch.bytes": 1_048_576,
+    # At the end of a log the broker holds a fetch for fetch.wait.max.ms (500 ms by default)
+    # before it answers; a probe wants the end-of-partition answer at once.
+    "fetch.wait.max.ms": 10,
 }
+
+# One consume() call of a driver-side read: short, so that a read returns as soon as every
+# partition answered (consume waits its whole timeout when fewer messages than asked arrive).
+POLL_S = 0.05
 
 
 def make_consumer(client_config: dict[str, Any], group_id: str, overrides: dict[str, Any] | None = None) -> Consumer:
@@ -62,7 +69,7 @@ def verified_watermarks(
     deadline = time.monotonic() + timeout_s
     try:
         while pending and time.monotonic() < deadline:
-            for message in consumer.consume(num_messages=len(pending) * 10, timeout=0.5):
+            for message in consumer.consume(num_messages=len(pending) * 10, timeout=POLL_S):
                 err = message.error()
                 if err is not None and err.code() != KafkaError._PARTITION_EOF:
                     raise RunFailed(f"{topic}[{message.partition()}]: fetch failed while verifying the end offset: {err}")
@@ -107,7 +114,7 @@ class RecordProbe:
         read: list[tuple[int, int]] = []
         try:
             while time.monotonic() < deadline:
-                for message in self._consumer.consume(num_messages=self.READ_AHEAD - len(read), timeout=0.5):
+                for message in self._consumer.consume(num_messages=self.READ_AHEAD - len(read), timeout=POLL_S):
                     err = message.error()
                     if err is None:
                         read.append((message.offset(), message.timestamp()[1]))

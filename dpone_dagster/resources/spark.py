@@ -4,29 +4,37 @@ DPONE_SPARK_REMOTE (or spark.remote in DPONE_SPARK_CONF) names a server. One ses
 
 from __future__ import annotations
 
-import json
-import os
-from typing import Any
-
 from dagster_pyspark import LazyPySparkResource
+from dagster_pyspark.resources import spark_session_from_config
 
 from dpone_dagster.child_env import withheld_from_children
-from dpone_dagster.spark.session import client_conf, default_spark_conf, ensure_executor_python, with_jars
+from dpone_dagster.spark.session import (
+    client_conf,
+    ensure_executor_python,
+    forget_connect_session,
+    fresh_session,
+    session_closed,
+    spark_config_from_env,
+    with_jars,
+)
 
 
 class DponeSparkResource(LazyPySparkResource):
     """dagster-pyspark's lazy session, started without credential variables in the environment
-    its JVM and Python workers inherit (`child_env`)."""
+    its JVM and Python workers inherit (`child_env`). On Spark Connect, runs share one session
+    of the server (`session.shared_session`); a run whose shared session the server closed gets
+    one of its own."""
 
     def _init_session(self) -> None:
         with withheld_from_children():
-            super()._init_session()
-
-
-def spark_config_from_env() -> dict[str, Any]:
-    """Defaults plus DPONE_SPARK_CONF (a JSON object of extra Spark settings)."""
-    extra = json.loads(os.environ.get("DPONE_SPARK_CONF", "{}") or "{}")
-    return {**default_spark_conf(), **extra}
+            try:
+                super()._init_session()
+            except Exception as exc:
+                remote = self.spark_config.get("spark.remote")
+                if remote is None or not session_closed(exc):
+                    raise
+                forget_connect_session()
+                self._spark_session = spark_session_from_config({**self.spark_config, "spark.remote": fresh_session(remote)})
 
 
 def spark_resource(jars: list[str] | None = None) -> DponeSparkResource:

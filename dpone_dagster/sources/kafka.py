@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -377,11 +378,12 @@ def _read_samples(consumer: Any, topic: str, wanted: dict[int, tuple[int, int, i
     out: dict[int, list[bytes | None]] = {p: [] for p in wanted}
     pending = {p for p, (_, count, _) in wanted.items() if count > 0}
     consumer.assign([TopicPartition(topic, p, wanted[p][0]) for p in sorted(pending)])
-    empty = 0
+    patience = time.monotonic() + 10.0  # without any answer
     try:
-        while pending and empty < 20:
-            messages = consumer.consume(num_messages=10_000, timeout=0.5)
-            empty = 0 if messages else empty + 1
+        while pending and time.monotonic() < patience:
+            messages = consumer.consume(num_messages=10_000, timeout=inspect.POLL_S)
+            if messages:
+                patience = time.monotonic() + 10.0
             done: set[int] = set()
             for message in messages:
                 err = message.error()

@@ -115,8 +115,14 @@ def start(
     _port_file(state).write_text(str(port))
     # Sessions of this server upload no artifacts of their own; without isolation they share the
     # Python workers (and their imports) instead of starting new ones per session: a warm
-    # 1,000-message `dpone run` took 3.9 s instead of 6.4 s (bench/small_runs.py).
-    settings = {**default_spark_conf(), "spark.sql.artifact.isolation.enabled": "false", **(conf or {})}
+    # 1,000-message `dpone run` took 3.9 s instead of 6.4 s (bench/small_runs.py). dpone's runs
+    # share one session (session.shared_session), which an idle hour must not close.
+    settings = {
+        **default_spark_conf(),
+        "spark.sql.artifact.isolation.enabled": "false",
+        "spark.connect.session.manager.defaultSessionTimeout": "30d",
+        **(conf or {}),
+    }
     master = master or str(settings.get("spark.master", "local[*]"))
     script = spark_home() / "sbin" / "start-connect-server.sh"
     subprocess.run(

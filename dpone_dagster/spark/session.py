@@ -3,8 +3,10 @@ or a Spark Connect server (`spark.remote`, DPONE_SPARK_REMOTE or SPARK_REMOTE: s
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -36,6 +38,12 @@ def default_spark_conf() -> dict[str, Any]:
     }
 
 
+def spark_config_from_env() -> dict[str, Any]:
+    """Defaults plus DPONE_SPARK_CONF (a JSON object of extra Spark settings)."""
+    extra = json.loads(os.environ.get("DPONE_SPARK_CONF", "{}") or "{}")
+    return {**default_spark_conf(), **extra}
+
+
 REMOTE_ENV = "DPONE_SPARK_REMOTE"
 
 
@@ -55,7 +63,23 @@ def client_conf(conf: dict[str, Any]) -> dict[str, Any]:
     url = remote_url(conf)
     if url is None:
         return conf
-    return {"spark.remote": url, **{k: v for k, v in conf.items() if k.startswith("spark.sql.")}}
+    return {"spark.remote": shared_session(url), **{k: v for k, v in conf.items() if k.startswith("spark.sql.")}}
+
+
+def shared_session(url: str, session_id: str | None = None) -> str:
+    """`url` naming one server-side session for every dpone process of that server (unless the URL
+    names its own). A Connect server starts a Python worker daemon per session (~1.1 s before a
+    run's first task, and one more daemon left running per run); runs that share the session
+    share its workers."""
+    if "session_id=" in url:
+        return url
+    session_id = session_id or str(uuid.uuid5(uuid.NAMESPACE_URL, f"dpone:{url.rstrip('/')}"))
+    return f"{url};session_id={session_id}" if "/;" in url else f"{url.rstrip('/')}/;session_id={session_id}"
+
+
+def session_closed(exc: BaseException) -> bool:
+    """The server closed the named session (idle timeout, or a client stopped it): use another."""
+    return "SESSION_CLOSED" in str(exc)
 
 
 # JDBC drivers as Debian installs them (libpostgresql-jdbc-java, libmariadb-java, libjtds-java).
@@ -97,12 +121,43 @@ def get_spark(conf: dict[str, Any] | None = None) -> SparkSession:
     remote server is configured (no JVM here; the server runs the work)."""
     ensure_executor_python()
     settings = client_conf({**default_spark_conf(), **(conf or {})})
+    try:
+        session = _build(settings)
+    except Exception as exc:
+        if "spark.remote" not in settings or not session_closed(exc):
+            raise
+        # The shared session was closed on the server: this run uses a session of its own.
+        forget_connect_session()
+        settings = {**settings, "spark.remote": fresh_session(settings["spark.remote"])}
+        session = _build(settings)
+    if "spark.remote" not in settings:  # a Connect session has no SparkContext
+        session.sparkContext.setLogLevel(os.environ.get("DPONE_SPARK_LOG_LEVEL", "ERROR"))
+    return session
+
+
+def fresh_session(url: str) -> str:
+    """`url` with a new session of its own instead of the shared one."""
+    base = url.split(";session_id=")[0].rstrip("/;")
+    return shared_session(base, str(uuid.uuid4()))
+
+
+def forget_connect_session() -> None:
+    """Drop the client's handle of a closed session, which PySpark keeps as this process's default
+    session even though it could not be set up."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    stale = ConnectSession.getActiveSession()
+    if stale is not None:
+        try:
+            stale.stop()
+        except Exception:  # noqa: BLE001 - the server closed it already
+            pass
+
+
+def _build(settings: dict[str, Any]) -> SparkSession:
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)
     # The JVM and its Python workers copy this process's environment: credentials stay here.
     with withheld_from_children():
-        session = builder.getOrCreate()
-    if "spark.remote" not in settings:  # a Connect session has no SparkContext
-        session.sparkContext.setLogLevel(os.environ.get("DPONE_SPARK_LOG_LEVEL", "ERROR"))
-    return session
+        return builder.getOrCreate()
