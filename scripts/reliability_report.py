@@ -37,13 +37,17 @@ Regenerate: `make reliability` (runs the suite and rewrites this file).
 FOOTER = """
 ## What the figures say
 
-- **Nothing is lost.** Offsets move only after the sink acknowledged every message of the run
-  and the state store committed; every fault above leaves them where the last good run put them.
-- **Duplicates are bounded by one run.** Delivery is at-least-once: a run that fails after
-  producing is produced again by the rerun, so duplicates are at most what the failed run had
-  delivered before it stopped (never more than one run's batch; `read_mode: max_records` caps a
-  run's batch and so the duplicates). Under `delivery: exactly_once` (replication) a failed
-  transaction is aborted and nothing is duplicated for `read_committed` readers.
+- **Nothing is lost.** Offsets move only after the sink acknowledged every message they cover and
+  the state store committed them; every fault above leaves them at most where the failed run had
+  delivered without a gap, so the rerun sends everything after that.
+- **Duplicates are bounded by what was in flight.** Delivery is at-least-once: a run that fails
+  after producing is produced again by the rerun from its stored offsets. On the direct path
+  (Kafka JSON → Kafka JSON) each partition's offset is stored as its slices are delivered, so the
+  duplicates are at most the slices in flight when it stopped (task slots × `records_per_task`);
+  on the Spark SQL path the state moves once, with the whole batch, so they are at most what the
+  failed run had delivered (one run's batch; `read_mode: max_records` caps it). Under
+  `delivery: exactly_once` (replication) a failed transaction is aborted and nothing is
+  duplicated for `read_committed` readers.
 - **Recovery needs no hand work** except where the source itself changed in a way only a person
   can judge (a topic recreated, records removed by retention): the run then refuses to guess and
   names the command (`dpone state reset`) or the setting (`on_retention_gap: warn`).

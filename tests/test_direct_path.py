@@ -178,6 +178,16 @@ def test_what_only_spark_sql_does_goes_there_before_anything_is_produced(broker,
         assert result.committed_offsets == {0: 1_200}, reason
 
 
+def test_payload_fields_named_like_engine_columns_take_the_spark_sql_path(broker, spark, kafka_env, tmp_path):
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("dsrc"), unique_topic("ddst")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    produce_json(bs, src, [{"order_id": i, "__dpone__source_offset": 7} for i in range(5)], partition=0)
+    result = run_pipeline(parse_manifest(manifest_text(src, dst, tmp_path, "{mode: incremental_append}")), spark)
+    assert result.execution_path == "spark_sql" and result.messages_produced == 5
+
+
 def test_gates_refuse_before_the_direct_path_produces(broker, spark, kafka_env, tmp_path):
     bs = broker.bootstrap_servers
     src, dst = unique_topic("dsrc"), unique_topic("ddst")

@@ -20,10 +20,10 @@ from dpone_dagster.state.open import open_manifest_state_store
 pytestmark = pytest.mark.faults
 
 
-def manifest(src: str, dst: str) -> str:
+def manifest(src: str, dst: str, records_per_task: int = 250_000) -> str:
     return f"""
 name: state_fault
-source: {{type: kafka, connection_id: kafka_cluster, topic: {src}}}
+source: {{type: kafka, connection_id: kafka_cluster, topic: {src}, options: {{records_per_task: {records_per_task}}}}}
 sink: {{type: kafka, connection_id: kafka_cluster, topic: {dst}, strategy: {{mode: incremental_append}}}}
 state: {{type: postgres, connection_id: postgres_state}}
 """
@@ -40,10 +40,12 @@ def terminate_state_connections(database: dict) -> int:
 
 # Where the connection is cut: (path, the log line just before the state write, offsets after the
 # failed run, messages the rerun produces).
+# The second run reads 6 new records in slices of 2: more slices than task slots, so the direct
+# path stores them one by one.
 MOMENTS = {
-    "final commit, Spark SQL path": ("off", "commit: started", {0: 3}, 2),
-    "first slice stored, direct path": ("on", "load: started", {0: 3}, 2),
-    "final commit, direct path": ("on", "commit: started", {0: 5}, 0),
+    "final commit, Spark SQL path": ("off", "commit: started", {0: 3}, 6),
+    "first slice stored, direct path": ("on", "load: started", {0: 3}, 6),
+    "final commit, direct path": ("on", "commit: started", {0: 9}, 0),
 }
 
 
@@ -55,11 +57,11 @@ def test_the_state_store_connection_killed_at_commit(broker, spark, kafka_env, p
     src, dst = unique_topic("stfault"), unique_topic("stfault_out")
     create_topic(bs, src, 1)
     create_topic(bs, dst, 1)
-    m = parse_manifest(manifest(src, dst))
+    m = parse_manifest(manifest(src, dst, records_per_task=2))
     produce_json(bs, src, [{"i": i} for i in range(3)], partition=0)
     assert run_pipeline(m, spark).committed_offsets == {0: 3}
 
-    produce_json(bs, src, [{"i": i} for i in range(3, 5)], partition=0)
+    produce_json(bs, src, [{"i": i} for i in range(3, 9)], partition=0)
     killed: list[int] = []
 
     def kill(message: str) -> None:
@@ -77,12 +79,12 @@ def test_the_state_store_connection_killed_at_commit(broker, spark, kafka_env, p
         assert [r.status for r in store.list_runs(m.name)][:2] == ["failed", "success"]
     finally:
         store.close()
-    assert sorted(r["value"]["i"] for r in consume_all(bs, dst)) == [0, 1, 2, 3, 4]  # delivered
+    assert sorted(r["value"]["i"] for r in consume_all(bs, dst)) == list(range(9))  # delivered
 
     rerun = run_pipeline(m, spark)
-    assert rerun.committed_offsets == {0: 5} and rerun.messages_produced == redelivered
+    assert rerun.committed_offsets == {0: 9} and rerun.messages_produced == redelivered
     arrived = sorted(r["value"]["i"] for r in consume_all(bs, dst))
-    assert arrived == sorted([0, 1, 2, 3, 4, *([3, 4] if redelivered else [])])  # at-least-once
+    assert arrived == sorted([*range(9), *range(9 - redelivered, 9)])  # at-least-once: the unstored tail again
     fault_outcome(
         f"3. State store connection terminated at the {moment} (pg_terminate_backend)",
         "The run fails naming the lost state store; the offsets stay where the last committed write left them; "
@@ -91,8 +93,8 @@ def test_the_state_store_connection_killed_at_commit(broker, spark, kafka_env, p
         duplicated=redelivered,
         recovered=True,
         measured=(
-            f"2 new records delivered; offsets after the failed run {offsets_after}; "
-            + ("the rerun re-delivered the 2 (at-least-once)" if redelivered else "the slice was stored before the commit: the rerun had nothing to send")
+            f"6 new records delivered in 3 slices; offsets after the failed run {offsets_after}; "
+            + (f"the rerun re-delivered the {redelivered} not stored (at-least-once)" if redelivered else "every slice was stored before the commit: the rerun had nothing to send")
         ),
     )
 

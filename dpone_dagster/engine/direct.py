@@ -75,6 +75,8 @@ def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
         return "a Schema Registry format"
     if planned.boundary.method not in ("offsets", "max_records"):
         return f"read_mode {planned.boundary.method}"
+    if not planned.boundary.total:
+        return "nothing to read"
     if sink.strategy.mode not in STRATEGIES:
         return f"strategy {sink.strategy.mode}"
     if sink.options.envelope != "flat":
@@ -179,6 +181,9 @@ def _settings(
         return None, "a payload type the task decoder does not read"
     sink = manifest.sink
     names = list(schema.names)
+    reserved = sorted(n for n in names if n.startswith("__dpone__"))
+    if reserved:
+        return None, f"payload fields named like the engine's own columns {reserved}"
     key_columns: tuple[int, ...] | None = None
     if sink.options.key.mode == "unique_key" and sink.strategy.unique_key_columns:
         missing = [c for c in sink.strategy.unique_key_columns if c not in names]
