@@ -19,7 +19,7 @@ from dpone_dagster.direct.keys import TaskHashes, candidates, key_hashes
 from dpone_dagster.direct.progress import SliceProgress
 from dpone_dagster.engine.direct import _losers
 from dpone_dagster.engine.run import run_pipeline
-from dpone_dagster.errors import DataRefused, RunFailed
+from dpone_dagster.errors import ConfigError, DataRefused, RunFailed
 from dpone_dagster.manifest import parse_manifest
 from dpone_dagster.sources.kafka_reader import ReaderSettings
 from dpone_dagster.state.local import LocalStateStore
@@ -178,14 +178,24 @@ def test_what_only_spark_sql_does_goes_there_before_anything_is_produced(broker,
         assert result.committed_offsets == {0: 1_200}, reason
 
 
-def test_payload_fields_named_like_engine_columns_take_the_spark_sql_path(broker, spark, kafka_env, tmp_path):
+def test_an_op_field_takes_the_spark_sql_path_and_other_engine_names_are_refused(broker, spark, kafka_env, tmp_path):
+    """`__dpone__op` in a flat record marks deletes (the Spark SQL path reads it, it is not
+    payload); other names of the engine's columns are refused with the fix, on either path."""
     bs = broker.bootstrap_servers
     src, dst = unique_topic("dsrc"), unique_topic("ddst")
     create_topic(bs, src, 1)
     create_topic(bs, dst, 1)
-    produce_json(bs, src, [{"order_id": i, "__dpone__source_offset": 7} for i in range(5)], partition=0)
-    result = run_pipeline(parse_manifest(manifest_text(src, dst, tmp_path, "{mode: incremental_append}")), spark)
+    produce_json(bs, src, [{"order_id": i, "__dpone__op": "upsert"} for i in range(5)], partition=0)
+    result = run_pipeline(parse_manifest(manifest_text(src, dst, tmp_path / "a", "{mode: incremental_append}")), spark)
     assert result.execution_path == "spark_sql" and result.messages_produced == 5
+    assert sorted(json.loads(r["value"])["order_id"] for r in consume_raw(bs, dst)) == list(range(5))
+    assert all(json.loads(r["value"]).keys() == {"order_id"} for r in consume_raw(bs, dst))  # the op is not payload
+
+    other = unique_topic("dsrc")
+    create_topic(bs, other, 1)
+    produce_json(bs, other, [{"order_id": 1, "__dpone__source_offset": 7}], partition=0)
+    with pytest.raises(ConfigError, match=r"__dpone__source_offset.*declare source.options.schema"):
+        run_pipeline(parse_manifest(manifest_text(other, dst, tmp_path / "b", "{mode: incremental_append}")), spark)
 
 
 def test_gates_refuse_before_the_direct_path_produces(broker, spark, kafka_env, tmp_path):

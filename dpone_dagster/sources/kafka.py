@@ -212,6 +212,12 @@ class KafkaBatchSource:
         sample = self.sample_values(boundary) if boundary.total else []
         envelope = self.resolve_envelope(sample)
         schema = self._schema(sample, self._decoding(envelope))
+        reserved = sorted(set(schema.names) & (C.METADATA - {C.OP}))
+        if reserved:
+            raise ConfigError(
+                f"records of '{self.topic}' have fields {reserved}, names the engine keeps for its own columns; "
+                "declare source.options.schema without them (undeclared fields are not read)"
+            )
         notes = (f"envelope: {envelope}" + (" (detected)" if self.options.envelope == "auto" else ""),)
         plan = JsonPlan(schema, envelope, notes)
         self._json_plan = (boundary, plan)
