@@ -455,7 +455,7 @@ def ratios(phases: dict[str, PhaseResult]) -> dict[str, float | None]:
 
     extra: dict[str, float | None] = {}
     for key in phases:
-        if key.startswith("c["):
+        if key.startswith("c[") or key == "c_append":
             extra[f"{key}/a"] = r(key, "a")
             extra[f"{key}/b"] = r(key, "b")
             extra[f"cpu {key}/b"] = rc(key, "b")
@@ -490,6 +490,9 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
         if key.startswith("c["):
             out[f"{key}_at_least_b"] = (ratios_.get(f"{key}/b") or 0) >= 1.0
             out[f"{key}_at_least_half_a"] = (ratios_.get(f"{key}/a") or 0) >= 0.5
+    if ratios_.get("c_append/b") is not None:  # a second run of the session: warm (see --mode)
+        out[f"goal c_append/b >= {GOAL_C_OVER_B} (warm)"] = ratios_["c_append/b"] >= GOAL_C_OVER_B
+        out[f"goal cpu c_append/b >= {GOAL_CPU_C_OVER_B} (warm)"] = (ratios_.get("cpu c_append/b") or 0) >= GOAL_CPU_C_OVER_B
     c = report["phases"].get("c")
     if c is not None:
         out["c_delivered_all"] = c["delivered"] == report["messages"] - c.get("duplicates_removed", 0) and c["failed"] == 0
@@ -580,7 +583,7 @@ def print_report(report: dict[str, Any], out: Any = sys.stdout) -> None:
     r = report["ratios"]
     w(f"  ratios (wall): c/a={r['c/a']}  c/b={r['c/b']}  b/a={r['b/a']}   per CPU second: c/a={r['cpu c/a']}  c/b={r['cpu c/b']}\n")
     for key in report["phases"]:
-        if key.startswith("c["):
+        if key.startswith("c[") or key == "c_append":
             w(f"  ratios {labels[key]}: /a={r[key + '/a']}  /b={r[key + '/b']}  per CPU second /b={r['cpu ' + key + '/b']}\n")
     if report.get("targets"):
         w(f"  targets: {report['targets']}\n")
