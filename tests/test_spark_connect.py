@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import consume_all, create_topic, produce_json, unique_topic
+from conftest import consume_all, consume_raw, create_topic, produce_json, unique_topic
 
 from dpone_dagster.embedded_broker import free_port
 from dpone_dagster.spark.session import client_conf, fresh_session, shared_session
@@ -142,3 +142,146 @@ state: {{type: local, path: {state}}}
     assert again.returncode == 0, again.stdout + again.stderr
     assert len(consume_all(bs, dst)) == 1015
     assert LocalStateStore(str(state)).load_offsets(src, "dpone.connect_run") == {0: 510, 1: 505}
+
+
+def test_spark_sql_path_on_a_connect_server(broker, connect_server, tmp_path):
+    """A manifest the direct path does not cover (message headers) runs its shuffle, keep_last and
+    encoding as Spark SQL on the server."""
+    url, _ = connect_server
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("connect_sql"), unique_topic("connect_sql_out")
+    create_topic(bs, src, 2)
+    create_topic(bs, dst, 2)
+    for partition in range(2):  # every key three times, in both partitions: the last version wins
+        produce_json(bs, src, [{"order_id": i % 100, "version": partition * 1000 + i} for i in range(300)], partition=partition)
+    state = tmp_path / "state"
+    path = tmp_path / "connect_sql.yaml"
+    path.write_text(f"""
+name: connect_sql
+source: {{type: kafka, connection_id: kafka_cluster, topic: {src}}}
+sink:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {dst}
+  strategy: {{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}}
+  options: {{headers: {{static: {{team: dwh}}}}}}
+state: {{type: local, path: {state}}}
+""")
+    env = {**os.environ, "KAFKA_CLUSTER_BOOTSTRAP_SERVERS": bs, "DPONE_SPARK_REMOTE": url}
+    run = dpone("run", str(path), "--format", "json", env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads(run.stdout.strip().splitlines()[-1])["execution_path"] == "spark_sql"
+    out = consume_all(bs, dst)
+    assert sorted(int(r["key"]) for r in out) == list(range(100))  # one message per key
+    assert all(r["headers"]["team"] == "dwh" for r in out)
+    # keep_last orders by partition, then offset: the last partition's last version of each key.
+    assert {int(r["key"]): r["value"]["version"] for r in out} == {k: 1000 + 200 + k for k in range(100)}
+    assert LocalStateStore(str(state)).load_offsets(src, "dpone.connect_sql") == {0: 300, 1: 300}
+
+
+def test_sql_source_on_a_connect_server(broker, connect_server, tmp_path):
+    """PostgreSQL → Kafka through the server's JDBC driver, incremental by a watermark column."""
+    import psycopg2
+    from conftest import PG_HOST, PG_PORT, PG_USER, fresh_pg_database
+
+    url, _ = connect_server
+    bs = broker.bootstrap_servers
+    dst = unique_topic("connect_pg_out")
+    create_topic(bs, dst, 1)
+    with fresh_pg_database("dpone_connect") as db:
+        conn = psycopg2.connect(**db)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("CREATE TABLE orders (order_id integer primary key, note varchar(20), updated_at timestamp not null)")
+            cur.execute("INSERT INTO orders SELECT i, 'n' || i, '2024-01-01'::timestamp + i * interval '1 minute' FROM generate_series(1, 50) i")
+        state = tmp_path / "state"
+        path = tmp_path / "connect_pg.yaml"
+        path.write_text(f"""
+name: connect_pg
+source:
+  type: postgres
+  connection_id: sql_db
+  table: {{schema: public, name: orders}}
+  options: {{incremental_column: updated_at}}
+sink:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {dst}
+  strategy: {{mode: incremental_merge, unique_key: order_id}}
+state: {{type: local, path: {state}}}
+""")
+        env = {
+            **os.environ,
+            "KAFKA_CLUSTER_BOOTSTRAP_SERVERS": bs,
+            "DPONE_SPARK_REMOTE": url,
+            "SQL_DB_HOST": PG_HOST,
+            "SQL_DB_PORT": str(PG_PORT),
+            "SQL_DB_USER": PG_USER,
+            "SQL_DB_DATABASE": db["dbname"],
+        }
+        first = dpone("run", str(path), env=env, cwd=tmp_path)
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert sorted(int(r["key"]) for r in consume_all(bs, dst)) == list(range(1, 51))
+        with conn.cursor() as cur:
+            cur.execute("UPDATE orders SET note = 'changed', updated_at = '2024-02-01' WHERE order_id = 7")
+        second = dpone("run", str(path), env=env, cwd=tmp_path)
+        conn.close()
+    assert second.returncode == 0, second.stdout + second.stderr
+    out = consume_all(bs, dst)
+    # The watermark's lower bound is inclusive: the boundary row (50) is read again with the update.
+    assert sorted(int(r["key"]) for r in out[50:]) == [7, 50]
+    assert next(r for r in out[50:] if r["key"] == "7")["value"]["note"] == "changed"
+    assert LocalStateStore(str(state)).load_watermark("connect_pg")["value"].startswith("2024-02-01")
+
+
+def test_dead_letters_and_quality_checks_on_a_connect_server(broker, connect_server, tmp_path):
+    """An undecodable record goes to the dead-letter topic and the quality checks (Great
+    Expectations among them) judge the batch, all through the server."""
+    url, _ = connect_server
+    bs = broker.bootstrap_servers
+    src, dst, dlq = unique_topic("connect_dq"), unique_topic("connect_dq_out"), unique_topic("connect_dq_dlq")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    poison = b"\xff\xfe not json"
+    produce_json(bs, src, [{"order_id": i, "amount": i * 10} for i in range(5)] + [poison] + [{"order_id": i, "amount": i * 10} for i in range(6, 10)], partition=0)
+    state = tmp_path / "state"
+    path = tmp_path / "connect_dq.yaml"
+    path.write_text(f"""
+name: connect_dq
+source:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {src}
+  options:
+    on_error: dead_letter
+    dead_letter: {{topic: {dlq}, create: true}}
+    schema: [{{name: order_id, type: long}}, {{name: amount, type: long}}]
+sink:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {dst}
+  strategy: {{mode: incremental_merge, unique_key: order_id}}
+state: {{type: local, path: {state}}}
+quality:
+  mode: fail
+  checks:
+    - {{type: not_null, columns: [order_id]}}
+    - {{type: great_expectations, expectation_type: expect_column_values_to_be_between, kwargs: {{column: amount, min_value: 0, max_value: 1000}}}}
+    - {{type: source_target_count, tolerance_pct: 0}}
+""")
+    env = {**os.environ, "KAFKA_CLUSTER_BOOTSTRAP_SERVERS": bs, "DPONE_SPARK_REMOTE": url}
+    run = dpone("run", str(path), "--format", "json", env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    assert summary["rows_dead_lettered"] == 1
+    assert sorted(r["value"]["order_id"] for r in consume_all(bs, dst)) == [0, 1, 2, 3, 4, 6, 7, 8, 9]
+    (letter,) = consume_raw(bs, dlq)
+    assert letter["value"] == poison and dict(letter["headers"])["dpone.error.source.offset"] == b"5"
+    assert LocalStateStore(str(state)).load_offsets(src, "dpone.connect_dq") == {0: 10}
+
+    # A value outside the expectation's range fails the run before anything is published.
+    produce_json(bs, src, [{"order_id": 20, "amount": 5000}], partition=0)
+    failed = dpone("run", str(path), env=env, cwd=tmp_path)
+    assert failed.returncode != 0
+    assert len(consume_all(bs, dst)) == 9
+    assert LocalStateStore(str(state)).load_offsets(src, "dpone.connect_dq") == {0: 10}

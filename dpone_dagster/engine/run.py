@@ -60,7 +60,7 @@ def run_pipeline(manifest: Manifest, spark: SparkSession, request: RunRequest | 
         _run(manifest, spark, request, store, record, result)
     except BaseException as exc:
         result.status = "failed"
-        result.error = redact_text(str(exc))
+        result.error = redact_text(str(exc) or type(exc).__name__)  # some errors carry no text
         result.finished_at = utcnow().isoformat()
         record_failure(store, locks, run_record(record, result, "failed"), result, request.log)
         export_metrics(manifest, result, request.log)

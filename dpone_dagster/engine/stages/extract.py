@@ -89,13 +89,19 @@ def _stage_batch(
         if not counts[UNDECODED]:
             return records, decoded_in_tasks.drop(JSON_OK), counts
         decoded_kept = kept.add(keep_batch(decoded().drop(*extracted.rebuildable)))
-        staged = decoded_kept.withColumns(extracted.rebuildable)
+        staged = _rebuilt(decoded_kept, extracted.rebuildable)
         counts = _batch_counts(manifest, staged, ctx)  # decoded from the kept read output
         kept.release(records)
         return decoded_kept, staged, counts
     decoded_kept = kept.add(keep_batch(extracted.df.drop(*extracted.rebuildable)))
-    staged = decoded_kept.withColumns(extracted.rebuildable)
+    staged = _rebuilt(decoded_kept, extracted.rebuildable)
     return decoded_kept, staged, _batch_counts(manifest, staged, ctx)
+
+
+def _rebuilt(kept: DataFrame, rebuildable: dict[str, Column]) -> DataFrame:
+    """`kept` with the columns rebuilt from its own (a SQL source has none; Spark Connect refuses
+    an empty withColumns)."""
+    return kept.withColumns(rebuildable) if rebuildable else kept
 
 
 UNDECODED = "undecoded"  # records a read task left to the JVM decoder
