@@ -9,7 +9,7 @@ run is timed as a whole process. Warm runs go to a server started with `dpone sp
 (its start and one warm-up run are reported, not counted). Afterwards the target must hold every
 message exactly once and the stored offsets must equal the source's end: a fast wrong run fails.
 
-Goals (issue of record: small runs in seconds): warm `dpone run` <= 1.5 s, warm materialize <= 6 s.
+Goals: warm `dpone run` <= 1.5 s, warm materialize <= 6 s.
 """
 
 from __future__ import annotations
