@@ -360,6 +360,27 @@ def test_replication_commits_offsets_with_the_records(broker, spark):
     assert len(consume_raw(bs, dst)) == 63
 
 
+def test_records_of_900_kb_replicate_byte_exact(broker, spark):
+    """Records near the broker's default message size limit pass through the task's byte-bounded
+    consume batches unchanged (memory per task is bounded by bytes, not by record count)."""
+    bs = broker.bootstrap_servers
+    src, ctl = unique_topic("large"), unique_topic("ctl")
+    dst = f"{src}_copy"
+    create_topic(bs, src, 1)
+    producer = Producer({"bootstrap.servers": bs, "message.max.bytes": 2_000_000})
+    values = [os.urandom(900_000) if i % 2 == 0 else b"small-%d" % i for i in range(8)]
+    for i, value in enumerate(values):
+        producer.produce(src, value=value, key=b"k%d" % i, partition=0)
+    assert producer.flush(30) == 0
+
+    manifest = replication_manifest("k2k_large", {"topic": src}, {}, ctl, sink_topic=dst)
+    result = run(manifest, spark, bs)
+
+    assert result.records == 8 and result.committed_offsets == {src: {0: 8}}
+    assert [(r["key"], r["value"]) for r in consume_raw(bs, dst)] == [(b"k%d" % i, v) for i, v in enumerate(values)]
+    assert control_offsets(bs, ctl, "k2k_large") == {(src, 0): 8}
+
+
 def test_crash_before_commit_leaves_control_topic_and_rerun_resumes(broker, spark):
     bs = broker.bootstrap_servers
     src, ctl = unique_topic("src"), unique_topic("ctl")
