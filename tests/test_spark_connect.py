@@ -16,13 +16,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import consume_all, consume_raw, create_topic, produce_json, unique_topic
+from conftest import consume_all, consume_raw, create_topic, kafka_pipeline_yaml, produce_json, unique_topic
 
 from dpone_dagster.embedded_broker import free_port
 from dpone_dagster.spark.session import client_conf, fresh_session, shared_session
 from dpone_dagster.state.local import LocalStateStore
 
 pytestmark = pytest.mark.spark_connect
+
+KEEP_LAST = "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}"
 
 
 def dpone(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -97,16 +99,7 @@ def test_dpone_run_and_dagster_materialize_on_a_connect_server(broker, connect_s
     manifests = tmp_path / "manifests"
     manifests.mkdir()
     state = tmp_path / "state"
-    (manifests / "connect_run.yaml").write_text(f"""
-name: connect_run
-source: {{type: kafka, connection_id: kafka_cluster, topic: {src}}}
-sink:
-  type: kafka
-  connection_id: kafka_cluster
-  topic: {dst}
-  strategy: {{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}}
-state: {{type: local, path: {state}}}
-""")
+    (manifests / "connect_run.yaml").write_text(kafka_pipeline_yaml("connect_run", src, dst, state, KEEP_LAST, "{}"))
     env = {
         **os.environ,
         "KAFKA_CLUSTER_BOOTSTRAP_SERVERS": bs,
@@ -156,17 +149,7 @@ def test_spark_sql_path_on_a_connect_server(broker, connect_server, tmp_path):
         produce_json(bs, src, [{"order_id": i % 100, "version": partition * 1000 + i} for i in range(300)], partition=partition)
     state = tmp_path / "state"
     path = tmp_path / "connect_sql.yaml"
-    path.write_text(f"""
-name: connect_sql
-source: {{type: kafka, connection_id: kafka_cluster, topic: {src}}}
-sink:
-  type: kafka
-  connection_id: kafka_cluster
-  topic: {dst}
-  strategy: {{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}}
-  options: {{headers: {{static: {{team: dwh}}}}}}
-state: {{type: local, path: {state}}}
-""")
+    path.write_text(kafka_pipeline_yaml("connect_sql", src, dst, state, KEEP_LAST, "{headers: {static: {team: dwh}}}"))
     env = {**os.environ, "KAFKA_CLUSTER_BOOTSTRAP_SERVERS": bs, "DPONE_SPARK_REMOTE": url}
     run = dpone("run", str(path), "--format", "json", env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
