@@ -11,9 +11,7 @@ from dpone_dagster.child_env import withheld_from_children
 from dpone_dagster.spark.session import (
     client_conf,
     ensure_executor_python,
-    forget_connect_session,
-    fresh_session,
-    session_closed,
+    open_session,
     spark_config_from_env,
     with_jars,
 )
@@ -26,15 +24,9 @@ class DponeSparkResource(LazyPySparkResource):
     one of its own."""
 
     def _init_session(self) -> None:
-        with withheld_from_children():
-            try:
-                super()._init_session()
-            except Exception as exc:
-                remote = self.spark_config.get("spark.remote")
-                if remote is None or not session_closed(exc):
-                    raise
-                forget_connect_session()
-                self._spark_session = spark_session_from_config({**self.spark_config, "spark.remote": fresh_session(remote)})
+        if self._spark_session is None:
+            with withheld_from_children():
+                self._spark_session = open_session(self.spark_config, spark_session_from_config)
 
 
 def spark_resource(jars: list[str] | None = None) -> DponeSparkResource:

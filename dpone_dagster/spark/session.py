@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -121,18 +121,23 @@ def get_spark(conf: dict[str, Any] | None = None) -> SparkSession:
     remote server is configured (no JVM here; the server runs the work)."""
     ensure_executor_python()
     settings = client_conf({**default_spark_conf(), **(conf or {})})
-    try:
-        session = _build(settings)
-    except Exception as exc:
-        if "spark.remote" not in settings or not session_closed(exc):
-            raise
-        # The shared session was closed on the server: this run uses a session of its own.
-        forget_connect_session()
-        settings = {**settings, "spark.remote": fresh_session(settings["spark.remote"])}
-        session = _build(settings)
+    session = open_session(settings, _build)
     if "spark.remote" not in settings:  # a Connect session has no SparkContext
         session.sparkContext.setLogLevel(os.environ.get("DPONE_SPARK_LOG_LEVEL", "ERROR"))
     return session
+
+
+def open_session(settings: dict[str, Any], build: Callable[[dict[str, Any]], SparkSession]) -> SparkSession:
+    """`build(settings)`; on Spark Connect, when the server closed the shared session, build again
+    on a session of this run's own."""
+    try:
+        return build(settings)
+    except Exception as exc:
+        remote = settings.get("spark.remote")
+        if remote is None or not session_closed(exc):
+            raise
+        forget_connect_session()
+        return build({**settings, "spark.remote": fresh_session(remote)})
 
 
 def fresh_session(url: str) -> str:
