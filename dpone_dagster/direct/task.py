@@ -27,7 +27,8 @@ from dpone_dagster.spark import arrow_json
 
 Slice = tuple[str, int, int, int]  # topic, partition, start, end (exclusive)
 
-MESSAGE_COLUMNS = ("key", "value", "offset", "timestamp")
+# The shaped messages a scan keeps: the sink's key and value, and the source offset and timestamp.
+MESSAGE_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("offset", pa.int64()), ("timestamp", pa.int64())])
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def shape(settings: DirectSettings, raw: pa.RecordBatch) -> pa.RecordBatch:
     if settings.key_columns is not None and key.null_count:
         raise Refused("a record without its unique key")
     return pa.RecordBatch.from_arrays(
-        [key, value.cast(pa.binary()), raw.column("offset"), raw.column("timestamp")], names=list(MESSAGE_COLUMNS)
+        [key, value.cast(pa.binary()), raw.column("offset"), raw.column("timestamp")], names=MESSAGE_SCHEMA.names
     )
 
 
@@ -153,8 +154,7 @@ def produce(
     try:
         yield from produce_batches(producer, messages())
     finally:
-        for piece in slices:
-            _remove(spill_path(settings, piece))
+        remove_spills(settings, slices)
 
 
 def remove_spills(settings: DirectSettings, slices: list[Slice]) -> None:
@@ -206,7 +206,7 @@ class _SpillWriter:
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         if self._writer is None:
             if kind is None:  # an empty slice: an empty file says it was read
-                ipc.new_file(self._partial, _EMPTY).close()
+                ipc.new_file(self._partial, MESSAGE_SCHEMA).close()
                 os.replace(self._partial, self.path)
             return
         self._writer.close()
@@ -214,9 +214,6 @@ class _SpillWriter:
             os.replace(self._partial, self.path)
         else:
             _remove(self._partial)
-
-
-_EMPTY = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("offset", pa.int64()), ("timestamp", pa.int64())])
 
 
 def _remove(path: str) -> None:

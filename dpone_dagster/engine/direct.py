@@ -44,12 +44,13 @@ from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.stages.gates import pre_publish_gates
 from dpone_dagster.engine.stages.load import Delivered, check_delivery, producer_settings
 from dpone_dagster.engine.stages.timing import Log, stage
-from dpone_dagster.kafka.boundary import pack_tasks, split_into_tasks
+from dpone_dagster.kafka.boundary import Boundary, pack_tasks, split_into_tasks
 from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.kafka.delivery import aggregate
 from dpone_dagster.manifest.models import KafkaSink, KafkaSource, Manifest
 from dpone_dagster.quality.gates import check_stage
 from dpone_dagster.sinks import kafka_messages
+from dpone_dagster.sinks.kafka import ProducerSettings
 from dpone_dagster.sources.kafka import KafkaBatchSource
 from dpone_dagster.spark import arrow_json
 from dpone_dagster.spark.session import is_connect
@@ -300,7 +301,7 @@ def _gates(
 
 
 def _produce(
-    settings: task.DirectSettings, producer: Any, slices: list[task.Slice], skip: dict[int, np.ndarray]
+    settings: task.DirectSettings, producer: ProducerSettings, slices: list[task.Slice], skip: dict[int, np.ndarray]
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for batch in task.produce(settings, producer, slices, skip):
@@ -311,10 +312,10 @@ def _produce(
 def _produce_slice_by_slice(
     spark: SparkSession,
     settings: task.DirectSettings,
-    producer: Any,
+    producer: ProducerSettings,
     groups: list[list[task.Slice]],
     skip: dict[int, np.ndarray],
-    boundary: Any,
+    boundary: Boundary,
     checkpoint: Callable[[dict[int, int]], None],
     log: Log,
 ) -> list[dict[str, Any]]:
@@ -322,8 +323,9 @@ def _produce_slice_by_slice(
     and store a partition's offset as soon as its slices up to there are delivered: a run that dies
     re-sends at most the slices in flight, not everything it had delivered. After a failed slice
     no new one starts; the slices running then finish (and are stored) before the error is raised."""
-    slices = sorted((s for g in groups for s in g), key=lambda s: (s[2] - _start(boundary, s[1]), s[1]))
     progress = SliceProgress({r.partition: r.start for r in boundary.ranges})
+    # Every partition's first slices first, so that each partition's stored offset moves early.
+    slices = sorted((s for g in groups for s in g), key=lambda s: (s[2] - progress.starts[s[1]], s[1]))
     rows: list[dict[str, Any]] = []
     with ThreadPoolExecutor(max_workers=max(1, len(groups)), thread_name_prefix="dpone-produce") as pool:
         running = {pool.submit(_in_tasks, spark, [[piece]], lambda g: _produce(settings, producer, g, skip)): piece for piece in slices}
@@ -353,10 +355,6 @@ def _produce_slice_by_slice(
     if failure is not None:
         raise failure
     return rows
-
-
-def _start(boundary: Any, partition: int) -> int:
-    return next(r.start for r in boundary.ranges if r.partition == partition)
 
 
 def _in_tasks(spark: SparkSession, groups: list[list[task.Slice]], work: Callable[[list[task.Slice]], Any]) -> list[Any]:
