@@ -154,7 +154,11 @@ class LocalStateStore:
     # ------------------------------------------------------------------ offsets
 
     def load_offsets(self, topic: str, group_id: str) -> dict[int, int]:
-        stored = self._read_state()["offsets"].get(group_id, {}).get(topic, {})
+        return self._offsets_in(self._read_state(), topic, group_id)
+
+    @staticmethod
+    def _offsets_in(state: dict[str, Any], topic: str, group_id: str) -> dict[int, int]:
+        stored = state["offsets"].get(group_id, {}).get(topic, {})
         return {int(partition): int(entry["offset"]) for partition, entry in stored.items()}
 
     @staticmethod
@@ -248,7 +252,7 @@ class LocalStateStore:
             current = self._runs(record.pipeline, state).get(record.run_id)
             if current is None or current.status != "running":
                 raise StateConflict(f"run {record.run_id} is not running; refusing to advance its offsets")
-            stored = {int(p): int(e["offset"]) for p, e in state["offsets"].get(group_id, {}).get(topic, {}).items()}
+            stored = self._offsets_in(state, topic, group_id)
             forward = {p: o for p, o in offsets.items() if o > stored.get(p, -1)}
             if forward:
                 self._set_offsets(state, topic, group_id, forward, record.run_id)
