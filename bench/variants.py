@@ -4,9 +4,11 @@ bench/experiments.py. Used by `python -m bench.experiments` and `bench.k2k --com
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
+from unittest.mock import patch
 
 
 @contextmanager
@@ -20,21 +22,6 @@ def _swap(obj: Any, name: str, value: Any) -> Iterator[None]:
 
 
 @contextmanager
-def _swap_env(name: str, value: str) -> Iterator[None]:
-    import os
-
-    saved = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = saved
-
-
-@contextmanager
 def variant(name: str, spark: Any) -> Iterator[dict[str, Any]]:
     """Apply a '+'-joined variant; yields the run_engine keyword overrides it needs."""
     from dpone_dagster.engine.stages import shape as shape_stage
@@ -45,7 +32,7 @@ def variant(name: str, spark: Any) -> Iterator[dict[str, Any]]:
             if part in ("baseline", ""):
                 continue
             if part == "spark_sql":  # the engine's Spark SQL path instead of the direct path
-                stack.enter_context(_swap_env("DPONE_DIRECT_PATH", "off"))
+                stack.enter_context(patch.dict(os.environ, {"DPONE_DIRECT_PATH": "off"}))
             elif part == "window_dedupe":
                 stack.enter_context(_swap(shape_stage, "BROADCAST_DEDUPE_KEYS", 0))
             elif part.startswith("conf:"):
