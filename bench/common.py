@@ -420,8 +420,38 @@ def topic_end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
         consumer.close()
 
 
-def topic_count(bootstrap: str, topic: str) -> int:
-    return sum(topic_end_offsets(bootstrap, topic).values())
+def topic_count(bootstrap: str, topic: str, timeout_s: float = 300.0) -> int:
+    """Records in the topic, counted by reading every partition to its end: what arrived, which
+    offsets alone cannot show (the embedded broker has under-reported its watermarks)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-count-{os.getpid()}-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        count, pending = 0, set(partitions)
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: partitions {sorted(pending)} not read to their end in {timeout_s:.0f}s")
+            for message in consumer.consume(num_messages=10_000, timeout=0.2):
+                err = message.error()
+                if err is None:
+                    count += 1
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(message.partition())
+                else:
+                    raise RuntimeError(f"{topic}[{message.partition()}]: {err}")
+        return count
+    finally:
+        consumer.close()
 
 
 # --------------------------------------------------------------------------- events
