@@ -228,7 +228,10 @@ def intruder(bs: str, topic: str, stage: str = "quality_pre: started"):
     return log
 
 
-def test_reconciliation_counts_what_the_target_holds(broker, spark, etl_topics, tmp_path):
+@pytest.mark.parametrize("path", ["direct", "spark_sql"])
+def test_reconciliation_counts_what_the_target_holds(broker, spark, etl_topics, tmp_path, monkeypatch, path):
+    if path == "spark_sql":
+        monkeypatch.setenv("DPONE_DIRECT_PATH", "off")
     bs = broker.bootstrap_servers
     src, dst = etl_topics
     produce_json(bs, src, [{"order_id": i} for i in range(10)], partition=0)
@@ -246,6 +249,7 @@ def test_reconciliation_counts_what_the_target_holds(broker, spark, etl_topics, 
     assert gate["passed"] and "holds 10 record(s)" in gate["description"]
     assert "sink offsets advanced by 10 across 1 partition(s)" in gate["description"]
     assert rerun.committed_offsets == {0: 10}
+    assert rerun.execution_path == path
 
 
 def test_unique_judges_the_rows_keep_last_publishes(broker, spark, etl_topics, tmp_path):
