@@ -16,6 +16,8 @@ Variants (combine with '+', e.g. rpt=100000+linger=50):
   window_dedupe   resolve duplicate keys by sorting the whole batch (the fallback beyond
                   engine.stages.shape.BROADCAST_DEDUPE_KEYS duplicated keys)
   spark_sql       the Spark SQL path for a run the direct path would take (engine/direct.py)
+  window          read_mode time_window, one window holding every record (join with spark_sql
+                  to compare the paths: window+spark_sql)
 """
 
 from __future__ import annotations

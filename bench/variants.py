@@ -33,6 +33,10 @@ def variant(name: str, spark: Any) -> Iterator[dict[str, Any]]:
                 continue
             if part == "spark_sql":  # the engine's Spark SQL path instead of the direct path
                 stack.enter_context(patch.dict(os.environ, {"DPONE_DIRECT_PATH": "off"}))
+            elif part == "window":  # read_mode time_window: one window that holds every record
+                kwargs["source_options"].update(
+                    read_mode="time_window", start_timestamp="2000-01-01T00:00:00Z", end_timestamp="2100-01-01T00:00:00Z"
+                )
             elif part == "window_dedupe":
                 stack.enter_context(_swap(shape_stage, "BROADCAST_DEDUPE_KEYS", 0))
             elif part.startswith("conf:"):

@@ -308,3 +308,98 @@ def test_a_partition_is_stored_up_to_its_first_undelivered_slice():
     assert progress.delivered(0, 100, 200) == {0: 300}  # both slices now
     assert progress.delivered(1, 100, 150) == {}
     assert progress.reached == {0: 300, 1: 50}
+
+
+# --------------------------------------------------------------------------- time windows
+
+
+def test_late_counts_follow_the_spark_sql_rule(spark):
+    """The scan's count of late records per window equals the Spark SQL path's late_window on the
+    same records: three windows over two partitions, timestamps on both sides of each start."""
+    from pyspark.sql import functions as F
+
+    from dpone_dagster.kafka.boundary import Boundary, PartitionRange
+    from dpone_dagster.sources.kafka import late_window
+
+    hour = 3_600_000
+    edges = {0: [(0, 40), (40, 90), (90, 150)], 1: [(0, 10), (10, 10), (10, 70)]}  # one empty range
+    windows = tuple(
+        {"start": f"w{i}", "start_ms": (i + 1) * hour, "partitions": [{"partition": p, "start": edges[p][i][0], "end": edges[p][i][1]} for p in (0, 1)]}
+        for i in range(3)
+    )
+    boundary = Boundary("t", "time_window", (PartitionRange(0, 0, 150), PartitionRange(1, 0, 70)), windows=windows)
+    rng = np.random.default_rng(7)
+    records = {p: (np.arange(end), rng.integers(0, 5 * hour, end)) for p, end in ((0, 150), (1, 70))}
+    frame = spark.createDataFrame(
+        [(p, int(o), int(t)) for p, (offsets, stamps) in records.items() for o, t in zip(offsets, stamps, strict=True)],
+        "partition int, offset long, timestamp long",
+    )
+    late = late_window(boundary, F.col("partition"), F.col("offset"), F.col("timestamp"))
+    expected = {row["w"]: row["count"] for row in frame.select(late.alias("w")).where("w is not null").groupBy("w").count().collect()}
+
+    ranges = tuple((i, r["partition"], r["start"], r["end"], w["start_ms"]) for i, w in enumerate(windows) for r in w["partitions"])
+    counted: Counter = Counter()
+    for p, (offsets, stamps) in records.items():
+        counted.update(task.late_counts(ranges, p, offsets, stamps))
+    assert dict(counted) == expected and sum(expected.values()) > 20  # late records in every window
+
+
+def window_manifest(src: str, dst: str, state: Path, late: str) -> str:
+    return f"""
+name: direct_windows_{dst}
+source:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {src}
+  options:
+    read_mode: time_window
+    partitions: {{granularity: hourly, start: "2024-03-01T00:00:00", late_records: {late}}}
+sink:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {dst}
+  strategy: {{mode: incremental_merge, unique_key: order_id}}
+state: {{type: local, path: "{state}"}}
+"""
+
+
+def test_time_windows_count_late_records_as_the_spark_sql_path_does(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """Two hourly windows in one run (a range backfill), two partitions, a record stamped before
+    the start of the window whose offsets hold it in each: both paths deliver and count them alike
+    (next_window), and both stop before producing anything under late_records: fail."""
+    from datetime import UTC, datetime, timedelta
+
+    from dpone_dagster.engine.run import RunRequest
+    from dpone_dagster.kafka.windows import Window
+
+    bs = broker.bootstrap_servers
+    src = unique_topic("dwsrc")
+    create_topic(bs, src, 2)
+    start = datetime(2024, 3, 1, tzinfo=UTC)
+    # Minutes after 00:00 in write order: 00:55 and 00:10 are written among hour-1 records.
+    minutes = {0: [5, 20, 50, 70, 55, 80, 100, 125, 130], 1: [1, 61, 90, 10, 110, 150]}
+    for p, stamps in minutes.items():
+        produce_json(bs, src, [{"order_id": p * 100 + i, "m": m} for i, m in enumerate(stamps)], partition=p,
+                     timestamps=[int((start + timedelta(minutes=m)).timestamp() * 1000) for m in stamps])
+    windows = [Window(start + timedelta(hours=h), start + timedelta(hours=h + 1), f"2024-03-01-{h:02d}:00") for h in (0, 1)]
+
+    outcomes = {}
+    for path in ("direct", "spark_sql"):
+        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
+        dst = unique_topic(f"dw_{path}")
+        create_topic(bs, dst, 2)
+        result = run_pipeline(parse_manifest(window_manifest(src, dst, tmp_path / path, "next_window")), spark, RunRequest(windows=windows))
+        assert result.execution_path == path
+        late = {w["start"]: w["late_records"] for w in result.boundary["windows"]}
+        outcomes[path] = (result.boundary["late_records"], late, messages(consume_raw(bs, dst)))
+
+        failing = unique_topic(f"dwf_{path}")
+        create_topic(bs, failing, 2)
+        with pytest.raises(DataRefused, match="2 late record"):
+            run_pipeline(parse_manifest(window_manifest(src, failing, tmp_path / f"{path}_fail", "fail")), spark, RunRequest(windows=windows))
+        assert consume_raw(bs, failing) == []
+        assert LocalStateStore(str(tmp_path / f"{path}_fail")).load_windows(src, f"dpone.direct_windows_{failing}") == {}
+    assert outcomes["direct"] == outcomes["spark_sql"]
+    total, late, delivered = outcomes["direct"]
+    assert total == 2 and late == {"2024-03-01T00:00:00+00:00": 0, "2024-03-01T01:00:00+00:00": 2}
+    assert sum(delivered.values()) == 12  # hour 2's records (02:05, 02:10, 02:30) wait for their window

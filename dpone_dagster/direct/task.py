@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +26,9 @@ from dpone_dagster.sources.kafka_reader import ReaderSettings, read_one_range
 from dpone_dagster.spark import arrow_json
 
 Slice = tuple[str, int, int, int]  # topic, partition, start, end (exclusive)
+# One partition's offsets of a time window: window index, partition, start, end (exclusive), and
+# the window's start in epoch milliseconds.
+WindowRange = tuple[int, int, int, int, int]
 
 # The shaped messages a scan keeps: the sink's key and value, and the source offset and timestamp.
 MESSAGE_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("offset", pa.int64()), ("timestamp", pa.int64())])
@@ -39,6 +42,7 @@ class DirectSettings:
     hashed: bool  # the driver needs key hashes (de-duplication, per-key order)
     max_message_bytes: int  # a larger message goes to the Spark SQL path (bad-record policy)
     run_id: str
+    windows: tuple[WindowRange, ...] = ()  # a time-window read: where late records are counted
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class ScanReport:
     bytes: int
     refused: str | None  # the batch needs the Spark SQL path
     hashes: TaskHashes | None = None  # of the keys, when the driver needs them
+    late: dict[int, int] = field(default_factory=dict)  # late records per window index
 
 
 class Refused(Exception):
@@ -100,11 +105,16 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
     """Read, decode and shape `slices`, keeping the messages in this executor's spill files."""
     rows = size = 0
     hashes: list[np.ndarray] = []
+    late: dict[int, int] = {}
     try:
         for piece in slices:
             with _SpillWriter(spill_path(settings, piece)) as spill:
                 for raw in read_one_range(settings.reader, *piece):
                     messages = shape(settings, raw)
+                    if settings.windows:
+                        offsets, stamps = messages.column("offset").to_numpy(), messages.column("timestamp").to_numpy()
+                        for index, n in late_counts(settings.windows, piece[1], offsets, stamps).items():
+                            late[index] = late.get(index, 0) + n
                     lengths = pc.add(pc.binary_length(messages.column("value")), _key_lengths(messages))
                     largest = pc.max(lengths).as_py() or 0
                     if largest > settings.max_message_bytes:
@@ -116,7 +126,23 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                     size += int(pc.sum(lengths).as_py() or 0)
     except Refused as exc:
         return ScanReport(rows, size, str(exc))
-    return ScanReport(rows, size, None, TaskHashes.of(hashes) if settings.hashed else None)
+    return ScanReport(rows, size, None, TaskHashes.of(hashes) if settings.hashed else None, late)
+
+
+def late_counts(windows: tuple[WindowRange, ...], partition: int, offsets: np.ndarray, stamps: np.ndarray) -> dict[int, int]:
+    """Late records of one partition per window index (pure): a record is late in the first window,
+    in order, whose range holds its offset and whose start is after its timestamp, the rule of
+    the Spark SQL path (sources/kafka.late_window)."""
+    counted = np.zeros(len(offsets), bool)
+    out: dict[int, int] = {}
+    for index, window_partition, start, end, start_ms in windows:
+        if window_partition != partition or end <= start:
+            continue
+        late = (offsets >= start) & (offsets < end) & (stamps < start_ms) & ~counted
+        counted |= late
+        if late.any():
+            out[index] = out.get(index, 0) + int(late.sum())
+    return out
 
 
 def _key_lengths(messages: pa.RecordBatch) -> pa.Array:

@@ -15,6 +15,8 @@ does the same work in the Python tasks, in the same order of guarantees:
    matters) sends the whole run there, reading the batch again, as if this path had not run.
    Repeated keys are settled on the keys themselves (direct/keys.py); keep_last / keep_first pick
    the same record as the Spark SQL path (source order: timestamp, partition, offset).
+   A time window's late records are counted in the scan and judged by its policy (fail stops
+   the run here; dead_letter, which holds records back, takes the Spark SQL path).
 3. gates: min_rows on the counts, before anything is produced.
 4. produce (direct/task.py): the tasks produce their kept messages; the delivery reports go to the
    load and reconciliation stages as on the other path.
@@ -44,6 +46,7 @@ from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.stages.gates import pre_publish_gates
 from dpone_dagster.engine.stages.load import Delivered, check_delivery, producer_settings
 from dpone_dagster.engine.stages.timing import Log, stage
+from dpone_dagster.engine.time_windows import LateRecordScreen, judge_late_records
 from dpone_dagster.kafka.boundary import Boundary, pack_tasks, split_into_tasks
 from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.kafka.delivery import aggregate
@@ -68,14 +71,16 @@ def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
     source, sink = manifest.source, manifest.sink
     if os.environ.get("DPONE_DIRECT_PATH", "on").lower() in ("off", "0", "false", "no"):
         return "DPONE_DIRECT_PATH is off"
-    if not isinstance(source, KafkaSource) or not isinstance(planned.source, KafkaBatchSource):
-        return "the source is not a Kafka topic read by offsets"
+    if not isinstance(source, KafkaSource) or _batch_source(planned) is None:
+        return "the source is not a Kafka topic"
     if not isinstance(sink, KafkaSink) or sink.type != "kafka":
         return "the sink is not Kafka"
     if source.options.message_format != "json" or sink.options.message_format != "json":
         return "a Schema Registry format"
-    if planned.boundary.method not in ("offsets", "max_records"):
+    if planned.boundary.method not in ("offsets", "max_records", "time_window"):
         return f"read_mode {planned.boundary.method}"
+    if isinstance(planned.source, LateRecordScreen) and planned.source.policy == "dead_letter":
+        return "late_records: dead_letter"
     if not planned.boundary.total:
         return "nothing to read"
     if sink.strategy.mode not in STRATEGIES:
@@ -114,7 +119,7 @@ def copy(
     tasks = split_into_tasks(boundary, manifest.source.options.records_per_task)
     slices = [(t.topic, t.partition, t.start, t.end) for t in tasks]
     groups = [[slices[i] for i in group] for group in pack_tasks(tasks, local_task_slots(spark))]
-    judged = len(result.gates)
+    judged, noted = len(result.gates), len(result.notes)
     try:
         with stage(result, "extract", log):
             log(f"extract: {len(tasks)} slice(s) in {len(groups)} Spark task(s) over {boundary.total} offsets (direct path)")
@@ -122,6 +127,9 @@ def copy(
             refused = next((r.refused for r in reports if r.refused), None)
             if refused is not None:
                 raise _ToSparkSql(refused)
+            if isinstance(planned.source, LateRecordScreen):  # the policy fails the run here, before producing
+                late = {w["start"]: sum(r.late.get(i, 0) for r in reports) for i, w in enumerate(boundary.windows)}
+                judge_late_records(planned.source.policy, late, result, log)
         rows = result.rows_extracted = sum(r.rows for r in reports)
         _gates(manifest, spark, planned, result, rows, "quality_pre", "extracted", log)
         with stage(result, "shape", log):
@@ -130,6 +138,7 @@ def copy(
     except _ToSparkSql as exc:
         _remove_spills(spark, settings, groups)
         del result.gates[judged:]
+        del result.notes[noted:]
         attempt = sum(result.timings.pop(name, 0.0) for name in ("extract", "quality_pre", "shape", "quality_published"))
         result.timings["direct_attempt"] = round(attempt, 3)
         result.rows_extracted = 0
@@ -173,7 +182,8 @@ def _settings(
     manifest: Manifest, planned: PlannedRead, sink_config: dict, run_id: str
 ) -> tuple[task.DirectSettings | None, str | None]:
     """The tasks' settings from the batch's JSON plan, or why the direct path cannot decode it."""
-    source: KafkaBatchSource = planned.source
+    source = _batch_source(planned)
+    assert source is not None  # refusal() checked it
     plan = source.json_plan(planned.boundary)
     if plan.envelope != "flat":
         return None, f"source envelope {plan.envelope}"
@@ -200,9 +210,20 @@ def _settings(
             hashed=key_columns is not None,
             max_message_bytes=limit,
             run_id=run_id,
+            windows=tuple(
+                (index, r["partition"], r["start"], r["end"], window["start_ms"])
+                for index, window in enumerate(planned.boundary.windows)
+                for r in window["partitions"]
+            ),
         ),
         None,
     )
+
+
+def _batch_source(planned: PlannedRead) -> KafkaBatchSource | None:
+    """The read's Kafka source, also behind the late-record screen of a time-window read."""
+    source = planned.source.source if isinstance(planned.source, LateRecordScreen) else planned.source
+    return source if isinstance(source, KafkaBatchSource) else None
 
 
 class _ToSparkSql(Exception):

@@ -41,6 +41,29 @@ def load_recorded(manifest: Manifest, store: StateStore) -> Recorded:
     return store.load_windows(manifest.source.topic, default_group_id(manifest))
 
 
+def judge_late_records(policy: str, late: dict[str, int], result: RunResult, log: Log) -> int:
+    """Record the late records counted per window (start, ISO 8601) in the run's boundary, and
+    apply the policy before anything is produced: `fail` raises, `next_window` notes them;
+    `dead_letter` is left to the caller, which holds them back. Returns how many there are."""
+    total = sum(late.values())
+    result.boundary["late_records"] = total
+    for window in result.boundary.get("windows", []):
+        window["late_records"] = late.get(window["start"], 0)
+    if not total:
+        return 0
+    where = {w: n for w, n in late.items() if n}
+    if policy == "fail":
+        raise DataRefused(
+            f"{total} late record(s) (timestamp before the start of the window holding them: {where}); "
+            "nothing was produced. Set source.options.partitions.late_records: next_window to deliver "
+            "them with that window (or dead_letter), or raise allowed_lateness_seconds"
+        )
+    if policy == "next_window":
+        result.notes.append(f"{total} late record(s) delivered with the window holding them: {where}")
+        log(f"extract: {result.notes[-1]}")
+    return total
+
+
 class LateRecordScreen:
     """The source, with the late-record policy applied before the extract: the counts land in the
     run's boundary (`late_records`, and per window), which the state and Dagster record."""
@@ -55,23 +78,9 @@ class LateRecordScreen:
 
     def extract(self, spark: SparkSession, boundary: Boundary, log: Log) -> Any:
         late = self.source.late_records(spark, boundary)
-        total = sum(late.values())
-        self.result.boundary["late_records"] = total
-        for window in self.result.boundary.get("windows", []):
-            window["late_records"] = late.get(window["start"], 0)
-        if not total:
-            return self.source.extract(spark, boundary, log)
-        where = {w: n for w, n in late.items() if n}
-        if self.policy == "fail":
-            raise DataRefused(
-                f"{total} late record(s) (timestamp before the start of the window holding them: {where}); "
-                "nothing was produced. Set source.options.partitions.late_records: next_window to deliver "
-                "them with that window (or dead_letter), or raise allowed_lateness_seconds"
-            )
-        if self.policy == "dead_letter":
-            return self._hold_back(spark, boundary, total, where, log)
-        self.result.notes.append(f"{total} late record(s) delivered with the window holding them: {where}")
-        log(f"extract: {self.result.notes[-1]}")
+        total = judge_late_records(self.policy, late, self.result, log)
+        if total and self.policy == "dead_letter":
+            return self._hold_back(spark, boundary, total, {w: n for w, n in late.items() if n}, log)
         return self.source.extract(spark, boundary, log)
 
     def widen(self, spark: SparkSession, boundary: Boundary, extracted: ExtractResult, staged: DataFrame, log: Log) -> ExtractResult:
