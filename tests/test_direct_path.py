@@ -344,30 +344,13 @@ def test_late_counts_follow_the_spark_sql_rule(spark):
     assert dict(counted) == expected and sum(expected.values()) > 20  # late records in every window
 
 
-def window_manifest(src: str, dst: str, state: Path, late: str) -> str:
-    return f"""
-name: direct_windows_{dst}
-source:
-  type: kafka
-  connection_id: kafka_cluster
-  topic: {src}
-  options:
-    read_mode: time_window
-    partitions: {{granularity: hourly, start: "2024-03-01T00:00:00", late_records: {late}}}
-sink:
-  type: kafka
-  connection_id: kafka_cluster
-  topic: {dst}
-  strategy: {{mode: incremental_merge, unique_key: order_id}}
-state: {{type: local, path: "{state}"}}
-"""
-
-
 def test_time_windows_count_late_records_as_the_spark_sql_path_does(broker, spark, kafka_env, tmp_path, monkeypatch):
     """Two hourly windows in one run (a range backfill), two partitions, a record stamped before
     the start of the window whose offsets hold it in each: both paths deliver and count them alike
     (next_window), and both stop before producing anything under late_records: fail."""
     from datetime import UTC, datetime, timedelta
+
+    from test_time_windows import manifest_text as window_manifest
 
     from dpone_dagster.engine.run import RunRequest
     from dpone_dagster.kafka.windows import Window
@@ -388,7 +371,7 @@ def test_time_windows_count_late_records_as_the_spark_sql_path_does(broker, spar
         monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
         dst = unique_topic(f"dw_{path}")
         create_topic(bs, dst, 2)
-        result = run_pipeline(parse_manifest(window_manifest(src, dst, tmp_path / path, "next_window")), spark, RunRequest(windows=windows))
+        result = run_pipeline(parse_manifest(window_manifest(src, dst, tmp_path / path)), spark, RunRequest(windows=windows))
         assert result.execution_path == path
         late = {w["start"]: w["late_records"] for w in result.boundary["windows"]}
         outcomes[path] = (result.boundary["late_records"], late, messages(consume_raw(bs, dst)))
@@ -396,9 +379,9 @@ def test_time_windows_count_late_records_as_the_spark_sql_path_does(broker, spar
         failing = unique_topic(f"dwf_{path}")
         create_topic(bs, failing, 2)
         with pytest.raises(DataRefused, match="2 late record"):
-            run_pipeline(parse_manifest(window_manifest(src, failing, tmp_path / f"{path}_fail", "fail")), spark, RunRequest(windows=windows))
+            run_pipeline(parse_manifest(window_manifest(src, failing, tmp_path / f"{path}_fail", ", late_records: fail")), spark, RunRequest(windows=windows))
         assert consume_raw(bs, failing) == []
-        assert LocalStateStore(str(tmp_path / f"{path}_fail")).load_windows(src, f"dpone.direct_windows_{failing}") == {}
+        assert LocalStateStore(str(tmp_path / f"{path}_fail")).load_windows(src, f"dpone.windows_{src}") == {}
     assert outcomes["direct"] == outcomes["spark_sql"]
     total, late, delivered = outcomes["direct"]
     assert total == 2 and late == {"2024-03-01T00:00:00+00:00": 0, "2024-03-01T01:00:00+00:00": 2}
