@@ -29,8 +29,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +45,7 @@ from bench.common import (
     topic_count,
     topic_end_offsets,
 )
+from dpone_dagster.stdio import stdout_for_output_only as stdout_to_stderr  # noqa: F401 - the bench CLIs use it
 
 
 @dataclass
@@ -616,24 +615,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(see python -m bench.experiments --help)",
     )
     return p.parse_args(argv)
-
-
-@contextmanager
-def stdout_to_stderr(enabled: bool) -> Iterator[None]:
-    """With --json, stdout carries only the JSON object: the Spark JVM (a child process that
-    inherits file descriptor 1) and librdkafka log there, so fd 1 points at stderr meanwhile."""
-    if not enabled:
-        yield
-        return
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,13 +21,14 @@ from typing import Any, TextIO
 from dpone_dagster.errors import ConfigError, RunFailed
 from dpone_dagster.manifest import ManifestError, load_manifest
 from dpone_dagster.redact import redact_text
+from dpone_dagster.stdio import output, stdout_for_output_only
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
 
 def say(*parts: object, file: TextIO | None = None, flush: bool = False) -> None:
     """print() for every line a command shows: secrets masked."""
-    print(redact_text(" ".join(str(part) for part in parts)), file=file or sys.stdout, flush=flush)
+    print(redact_text(" ".join(str(part) for part in parts)), file=file or output(), flush=flush)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,7 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_CONFIG
     try:
-        return int(args.handler(args))
+        # JSON output is all of stdout: the Spark JVM and client libraries log to stderr then.
+        with stdout_for_output_only(getattr(args, "format", None) == "json"):
+            return int(args.handler(args))
     except ConfigError as exc:
         say(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

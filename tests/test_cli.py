@@ -364,7 +364,7 @@ def test_batch_run_alias_through_console_script(broker, tmp_path):
         [DPONE, "batch", "run", str(path), "--format", "json"], capture_output=True, text=True, timeout=300, env=env
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = json.loads(proc.stdout)  # stdout is the JSON alone: Spark's own log went to stderr
     assert result["status"] == "success"
     assert result["rows_extracted"] == 5 and result["messages_produced"] == 5
     assert result["committed_offsets"] == {"0": 5}

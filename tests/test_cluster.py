@@ -254,7 +254,7 @@ def finish_run(process: subprocess.Popen[str], folder: Path, timeout_s: float = 
         process.kill()
         process.wait()
         pytest.fail(f"dpone run did not finish in {timeout_s}s; driver output in {folder}")
-    out = (folder / "driver.out").read_text(errors="replace")  # the JSON summary and Spark's log
+    out = (folder / "driver.out").read_text(errors="replace")  # the JSON summary
     err = (folder / "driver.log").read_text(errors="replace")
     lines = [line for line in out.splitlines() if line.startswith("{")]
     assert lines, f"no JSON summary (exit {process.returncode}); output tail:\n{(out + err)[-3000:]}"
