@@ -423,18 +423,14 @@ def topic_end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
 def topic_count(bootstrap: str, topic: str, timeout_s: float = 300.0) -> int:
     """Records in the topic, counted by reading every partition to its end: what arrived, which
     offsets alone cannot show (the embedded broker has under-reported its watermarks)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"bench-count-{os.getpid()}-{time.monotonic_ns()}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
-    )
+    from dpone_dagster.kafka import inspect
+
+    # The engine's driver-side consumer (partition EOF on), with full-size fetches for a whole read.
+    consumer = inspect.make_consumer({"bootstrap.servers": bootstrap}, "bench-count", {"max.partition.fetch.bytes": 8_388_608})
     try:
-        partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+        partitions = inspect.topic_partitions(consumer, topic)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         count, pending = 0, set(partitions)
         deadline = time.monotonic() + timeout_s
