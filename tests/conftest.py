@@ -133,12 +133,15 @@ def dagster_home_on_postgres(home: Path) -> Iterator[dict[str, str]]:
         }
 
 
-def kafka_pipeline_yaml(name: str, src: str, dst: str, state_path: Path | str, strategy: str, sink_options: str, tail: str = "") -> str:
-    """A Kafka -> Kafka manifest on connection kafka_cluster with local state; `sink_options` is the
-    flow mapping of sink.options, `tail` more top-level blocks."""
+def kafka_pipeline_yaml(
+    name: str, src: str, dst: str, state_path: Path | str, strategy: str, sink_options: str, tail: str = "", source_options: str = "{}"
+) -> str:
+    """A Kafka -> Kafka manifest on connection kafka_cluster with local state; `sink_options` and
+    `source_options` are the flow mappings of sink.options and source.options, `tail` more
+    top-level blocks."""
     return f"""
 name: {name}
-source: {{type: kafka, connection_id: kafka_cluster, topic: {src}}}
+source: {{type: kafka, connection_id: kafka_cluster, topic: {src}, options: {source_options}}}
 sink:
   type: kafka
   connection_id: kafka_cluster

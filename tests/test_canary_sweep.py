@@ -202,7 +202,7 @@ def test_no_canary_leaves_the_process(broker, pg_database, vault: Vault, tmp_pat
     call("plan md", ["plan", str(good), "--format", "md"])
     call("plan broken", ["plan", str(broken)], expect=2)
     call("run text", ["run", str(good)])
-    summary = json.loads(call("run json", ["run", str(good), "--format", "json"]).strip().splitlines()[-1])
+    summary = json.loads(call("run json", ["run", str(good), "--format", "json"]))
     assert summary["status"] == "success"
     assert sorted(r["value"]["order_id"] for r in consume_all(bs, dst)) == [*range(6), 100]
     call("run failing preflight", ["run", str(no_topic), "--format", "json"], expect=None)

@@ -109,7 +109,7 @@ def test_dpone_run_and_dagster_materialize_on_a_connect_server(broker, connect_s
     }
     run = dpone("run", str(manifests / "connect_run.yaml"), "--format", "json", env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert json.loads(run.stdout.strip().splitlines()[-1])["execution_path"] == "direct"  # Arrow tasks run on Connect too
+    assert json.loads(run.stdout)["execution_path"] == "direct"  # Arrow tasks run on Connect too
     assert sorted(r["value"]["order_id"] for r in consume_all(bs, dst)) == sorted(p * 1000 + i for p in range(2) for i in range(500))
     assert LocalStateStore(str(state)).load_offsets(src, "dpone.connect_run") == {0: 500, 1: 500}
 
@@ -153,7 +153,7 @@ def test_spark_sql_path_on_a_connect_server(broker, connect_server, tmp_path):
     env = {**os.environ, "KAFKA_CLUSTER_BOOTSTRAP_SERVERS": bs, "DPONE_SPARK_REMOTE": url}
     run = dpone("run", str(path), "--format", "json", env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert json.loads(run.stdout.strip().splitlines()[-1])["execution_path"] == "spark_sql"
+    assert json.loads(run.stdout)["execution_path"] == "spark_sql"
     out = consume_all(bs, dst)
     assert sorted(int(r["key"]) for r in out) == list(range(100))  # one message per key
     assert all(r["headers"]["team"] == "dwh" for r in out)
@@ -229,33 +229,23 @@ def test_dead_letters_and_quality_checks_on_a_connect_server(broker, connect_ser
     produce_json(bs, src, [{"order_id": i, "amount": i * 10} for i in range(5)] + [poison] + [{"order_id": i, "amount": i * 10} for i in range(6, 10)], partition=0)
     state = tmp_path / "state"
     path = tmp_path / "connect_dq.yaml"
-    path.write_text(f"""
-name: connect_dq
-source:
-  type: kafka
-  connection_id: kafka_cluster
-  topic: {src}
-  options:
-    on_error: dead_letter
-    dead_letter: {{topic: {dlq}, create: true}}
-    schema: [{{name: order_id, type: long}}, {{name: amount, type: long}}]
-sink:
-  type: kafka
-  connection_id: kafka_cluster
-  topic: {dst}
-  strategy: {{mode: incremental_merge, unique_key: order_id}}
-state: {{type: local, path: {state}}}
-quality:
+    source_options = (
+        f"{{on_error: dead_letter, dead_letter: {{topic: {dlq}, create: true}}, "
+        "schema: [{name: order_id, type: long}, {name: amount, type: long}]}"
+    )
+    checks = """quality:
   mode: fail
   checks:
-    - {{type: not_null, columns: [order_id]}}
-    - {{type: great_expectations, expectation_type: expect_column_values_to_be_between, kwargs: {{column: amount, min_value: 0, max_value: 1000}}}}
-    - {{type: source_target_count, tolerance_pct: 0}}
-""")
+    - {type: not_null, columns: [order_id]}
+    - {type: great_expectations, expectation_type: expect_column_values_to_be_between, kwargs: {column: amount, min_value: 0, max_value: 1000}}
+    - {type: source_target_count, tolerance_pct: 0}
+"""
+    strategy = "{mode: incremental_merge, unique_key: order_id}"
+    path.write_text(kafka_pipeline_yaml("connect_dq", src, dst, state, strategy, "{}", checks, source_options))
     env = {**os.environ, "KAFKA_CLUSTER_BOOTSTRAP_SERVERS": bs, "DPONE_SPARK_REMOTE": url}
     run = dpone("run", str(path), "--format", "json", env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
-    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    summary = json.loads(run.stdout)
     assert summary["rows_dead_lettered"] == 1
     assert sorted(r["value"]["order_id"] for r in consume_all(bs, dst)) == [0, 1, 2, 3, 4, 6, 7, 8, 9]
     (letter,) = consume_raw(bs, dlq)
