@@ -5,6 +5,10 @@ cannot do exactly goes to the Spark SQL path, never half done."""
 from __future__ import annotations
 
 import json
+import os
+import random
+import shutil
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,12 +20,13 @@ from conftest import consume_raw, create_topic, produce_json, unique_topic
 
 from dpone_dagster.direct import task
 from dpone_dagster.direct.keys import TaskHashes, candidates, key_hashes
-from dpone_dagster.direct.progress import SliceProgress
+from dpone_dagster.direct.progress import SliceProgress, SliceSchedule
 from dpone_dagster.engine.direct import _losers
-from dpone_dagster.engine.run import run_pipeline
+from dpone_dagster.engine.run import RunRequest, run_pipeline
 from dpone_dagster.errors import ConfigError, DataRefused, RunFailed
 from dpone_dagster.manifest import parse_manifest
 from dpone_dagster.sources.kafka_reader import ReaderSettings
+from dpone_dagster.spark.jobs import BoundedJobs, JobTimedOut, in_tasks
 from dpone_dagster.state.local import LocalStateStore
 
 
@@ -308,6 +313,86 @@ def test_a_partition_is_stored_up_to_its_first_undelivered_slice():
     assert progress.delivered(0, 100, 200) == {0: 300}  # both slices now
     assert progress.delivered(1, 100, 150) == {}
     assert progress.reached == {0: 300, 1: 50}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_never_more_slices_open_than_the_window_whatever_order_they_finish_in(seed):
+    """Slices finish in a random order (a slow one anywhere): at every moment the slices started
+    and not yet covered by a storable offset are at most the window, every slice runs once, and
+    the partitions end stored at their ends."""
+    rng = random.Random(seed)
+    slices = [("t", p, start, start + 10) for p, (first, count) in enumerate([(0, 7), (100, 3), (5, 1)]) for start in range(first, first + 10 * count, 10)]
+    window = rng.choice([1, 2, 3])
+    schedule = SliceSchedule(slices, {0: 0, 1: 100, 2: 5}, window)
+    running: list[tuple[str, int, int, int]] = []
+    stored: dict[int, int] = {}
+    started: list[tuple[str, int, int, int]] = []
+    while True:
+        piece = schedule.next()
+        while piece is not None:
+            running.append(piece)
+            started.append(piece)
+            piece = schedule.next()
+        unstored = [s for s in started if s[3] > stored.get(s[1], {0: 0, 1: 100, 2: 5}[s[1]])]
+        assert len(unstored) <= window and schedule.open == len(unstored)
+        if not running:
+            break
+        done = running.pop(rng.randrange(len(running)))
+        stored.update(schedule.delivered(done))
+    assert sorted(started) == sorted(slices) and schedule.done
+    assert stored == {0: 70, 1: 130, 2: 15}
+
+
+def test_a_stopped_schedule_starts_nothing_more():
+    schedule = SliceSchedule([("t", 0, 0, 10), ("t", 0, 10, 20), ("t", 0, 20, 30)], {0: 0}, 2)
+    first, second = schedule.next(), schedule.next()
+    assert schedule.next() is None  # the window is full
+    schedule.stop()
+    assert schedule.delivered(second) == {} and schedule.delivered(first) == {0: 20}
+    assert schedule.next() is None and not schedule.done
+
+
+def test_a_job_past_its_bound_is_cancelled_and_named(spark):
+    """A real Spark job whose task sleeps: the wait ends at the bound with the job named, the job
+    is cancelled (no active job remains), and the session serves the next job."""
+    jobs = BoundedJobs(spark, "bounded-test")
+    started = time.monotonic()
+    with pytest.raises(JobTimedOut, match=r"the sleeper did not finish within 2 s"):
+        jobs.run(lambda: in_tasks(spark, [0], lambda _: time.sleep(60)), 2, "the sleeper")
+    assert time.monotonic() - started < 10
+    deadline = time.monotonic() + 30
+    while spark.sparkContext.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+    assert jobs.run(lambda: in_tasks(spark, [1, 2], lambda g: g * 10), 30, "a quick job") == [10, 20]
+
+
+def test_spill_directories_are_removed_with_the_run_and_left_overs_swept(broker, spark, kafka_env, tmp_path):
+    """A direct run removes its spill directory (a killed worker's .partial file in it too), and
+    its scan removes other runs' directories left untouched for hours (a killed driver's); a
+    recent one stays. The left-overs are written here as a killed process leaves them."""
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("spill"), unique_topic("spill_out")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    produce_json(bs, src, orders(50), partition=0)
+    root = Path(spark.sparkContext.parallelize([0], 1).map(lambda _: task._spill_root()).collect()[0])
+    run_id = "spill-cleanup-run"
+    mine = root / f"{task.SPILL_PREFIX}{run_id}"
+    mine.mkdir(parents=True, exist_ok=True)
+    (mine / f"{src}-0-0-9.arrow.4242.partial").write_bytes(b"half")  # a worker killed mid-write
+    stale, recent = root / f"{task.SPILL_PREFIX}killed-run", root / f"{task.SPILL_PREFIX}live-run"
+    for leftover in (stale, recent):
+        leftover.mkdir(exist_ok=True)
+        (leftover / "x.arrow").write_bytes(b"kept")
+    hours_ago = time.time() - task.STALE_SPILL_S - 60
+    os.utime(stale, (hours_ago, hours_ago))
+    m = parse_manifest(manifest_text(src, dst, tmp_path / "state", "{mode: incremental_append}"))
+    result = run_pipeline(m, spark, RunRequest(run_id=run_id))
+    assert result.execution_path == "direct" and result.messages_produced == 50
+    assert not mine.exists() and not stale.exists()
+    assert (recent / "x.arrow").exists()
+    shutil.rmtree(recent)
 
 
 # --------------------------------------------------------------------------- time windows

@@ -7,6 +7,8 @@ last write that committed left them, the failed run is still recorded, and the r
 
 from __future__ import annotations
 
+from collections import Counter
+
 import psycopg2
 import pytest
 from conftest import consume_all, create_topic, produce_json, unique_topic
@@ -79,22 +81,28 @@ def test_the_state_store_connection_killed_at_commit(broker, spark, kafka_env, p
         assert [r.status for r in store.list_runs(m.name)][:2] == ["failed", "success"]
     finally:
         store.close()
-    assert sorted(r["value"]["i"] for r in consume_all(bs, dst)) == list(range(9))  # delivered
+    # What the failed run delivered: on the direct path at most the window of slices open at once
+    # beyond the stored offsets (2 task slots × 2 records); on the Spark SQL path its whole batch.
+    delivered = [r["value"]["i"] for r in consume_all(bs, dst)]
+    assert sorted(delivered)[:3] == [0, 1, 2] and len(delivered) == len(set(delivered)) and set(delivered) <= set(range(9))
+    unstored = [i for i in delivered if i >= offsets_after[0]]
+    assert len(unstored) <= (2 * 2 if direct == "on" else 6)
 
     rerun = run_pipeline(m, spark)
     assert rerun.committed_offsets == {0: 9} and rerun.messages_produced == redelivered
-    arrived = sorted(r["value"]["i"] for r in consume_all(bs, dst))
-    assert arrived == sorted([*range(9), *range(9 - redelivered, 9)])  # at-least-once: the unstored tail again
+    arrived = Counter(r["value"]["i"] for r in consume_all(bs, dst))
+    assert arrived == Counter(range(9)) + Counter(unstored)  # nothing lost; again only what was not stored
+    duplicated = sum(arrived.values()) - 9
     fault_outcome(
         f"3. State store connection terminated at the {moment} (pg_terminate_backend)",
         "The run fails naming the lost state store; the offsets stay where the last committed write left them; "
         "the failed run is recorded on reconnect; the rerun completes",
         lost=0,
-        duplicated=redelivered,
+        duplicated=duplicated,
         recovered=True,
         measured=(
-            f"6 new records delivered in 3 slices; offsets after the failed run {offsets_after}; "
-            + (f"the rerun re-delivered the {redelivered} not stored (at-least-once)" if redelivered else "every slice was stored before the commit: the rerun had nothing to send")
+            f"6 new records in 3 slices of 2; the failed run delivered {len(delivered) - 3} of them, stored up to {offsets_after}; "
+            + (f"the rerun re-delivered the {redelivered} not stored, {duplicated} of them twice (at-least-once)" if redelivered else "every slice was stored before the commit: the rerun had nothing to send")
         ),
     )
 

@@ -10,7 +10,9 @@ that slice again: the offsets are fixed, so the messages are the same.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -20,15 +22,18 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from dpone_dagster.direct.keys import TaskHashes, key_hashes
+from dpone_dagster.direct.progress import Slice
 from dpone_dagster.sinks import json_encode
 from dpone_dagster.sinks.kafka import ProducerSettings, produce_batches
 from dpone_dagster.sources.kafka_reader import ReaderSettings, read_one_range
 from dpone_dagster.spark import arrow_json
 
-Slice = tuple[str, int, int, int]  # topic, partition, start, end (exclusive)
 # One partition's offsets of a time window: window index, partition, start, end (exclusive), and
 # the window's start in epoch milliseconds.
 WindowRange = tuple[int, int, int, int, int]
+
+SPILL_PREFIX = "dpone-direct-"
+STALE_SPILL_S = 6 * 3600  # another run's spill directory untouched this long is left over
 
 # The shaped messages a scan keeps: the sink's key and value, and the source offset and timestamp.
 MESSAGE_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("offset", pa.int64()), ("timestamp", pa.int64())])
@@ -106,6 +111,7 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
     rows = size = 0
     hashes: list[np.ndarray] = []
     late: dict[int, int] = {}
+    sweep_stale_spills(settings)
     try:
         for piece in slices:
             with _SpillWriter(spill_path(settings, piece)) as spill:
@@ -184,8 +190,47 @@ def produce(
 
 
 def remove_spills(settings: DirectSettings, slices: list[Slice]) -> None:
+    """Remove the slices' files and any partial file, and the run's directory once it is empty
+    (the last task of the run on this executor removes it)."""
     for piece in slices:
         _remove(spill_path(settings, piece))
+    directory = run_directory(settings)
+    try:  # what a worker killed mid-write left (the run writes nothing more once it removes)
+        for name in os.listdir(directory):
+            if name.endswith(".partial"):
+                _remove(os.path.join(directory, name))
+    except OSError:
+        pass
+    try:
+        os.rmdir(directory)
+    except OSError:  # not empty (other slices of the run), or gone already
+        pass
+
+
+def sweep_stale_spills(settings: DirectSettings, now: float | None = None) -> int:
+    """Remove the spill directories of other runs left untouched for STALE_SPILL_S (a driver killed
+    mid-run leaves its files, and a killed worker its `.partial` file): on a long-lived executor
+    (a Spark Connect server) they would pile up. A produce task that finds its file gone reads
+    the slice again, so removing a live run's file costs a read, never a message. Returns how
+    many directories went."""
+    root = _spill_root()
+    now = time.time() if now is None else now
+    mine = os.path.basename(run_directory(settings))
+    removed = 0
+    try:
+        names = [n for n in os.listdir(root) if n.startswith(SPILL_PREFIX) and n != mine]
+    except OSError:
+        return 0
+    for name in names:
+        path = os.path.join(root, name)
+        try:
+            if now - os.stat(path).st_mtime < STALE_SPILL_S:
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    return removed
 
 
 def _messages(settings: DirectSettings, piece: Slice) -> Iterator[pa.RecordBatch]:
@@ -206,9 +251,16 @@ def _messages(settings: DirectSettings, piece: Slice) -> Iterator[pa.RecordBatch
 def spill_path(settings: DirectSettings, piece: Slice) -> str:
     """Where a slice's messages are kept: under the executor's Spark local directory (removed with
     the executor), one directory per run."""
-    root = os.environ.get("SPARK_LOCAL_DIRS", tempfile.gettempdir()).split(",")[0]
     topic, partition, start, end = piece
-    return os.path.join(root, f"dpone-direct-{settings.run_id}", f"{topic}-{partition}-{start}-{end}.arrow")
+    return os.path.join(run_directory(settings), f"{topic}-{partition}-{start}-{end}.arrow")
+
+
+def run_directory(settings: DirectSettings) -> str:
+    return os.path.join(_spill_root(), f"{SPILL_PREFIX}{settings.run_id}")
+
+
+def _spill_root() -> str:
+    return os.environ.get("SPARK_LOCAL_DIRS", tempfile.gettempdir()).split(",")[0]
 
 
 class _SpillWriter:

@@ -18,8 +18,10 @@ does the same work in the Python tasks, in the same order of guarantees:
    A time window's late records are counted in the scan and judged by its policy (fail stops
    the run here; dead_letter, which holds records back, takes the Spark SQL path).
 3. gates: min_rows on the counts, before anything is produced.
-4. produce (direct/task.py): the tasks produce their kept messages; the delivery reports go to the
-   load and reconciliation stages as on the other path.
+4. produce (engine/direct_load.py, direct/task.py): the tasks produce their kept messages, the
+   offsets stored as slices are delivered where that keeps the guarantees; the delivery reports go
+   to the load and reconciliation stages as on the other path.
+Every wait on the tasks is bounded (spark/jobs.py).
 
 What takes this path is decided from the manifest (`refusal`) and then from the data (step 2).
 """
@@ -27,9 +29,7 @@ What takes this path is decided from the manifest (`refusal`) and then from the 
 from __future__ import annotations
 
 import os
-import pickle
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -40,28 +40,31 @@ from pyspark.sql import SparkSession
 
 from dpone_dagster.direct import task
 from dpone_dagster.direct.keys import candidates
-from dpone_dagster.direct.progress import SliceProgress
+from dpone_dagster.engine.direct_load import produce_all, storing_rule
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.stages.gates import pre_publish_gates
 from dpone_dagster.engine.stages.load import Delivered, check_delivery, producer_settings
 from dpone_dagster.engine.stages.timing import Log, stage
 from dpone_dagster.engine.time_windows import LateRecordScreen, judge_late_records
-from dpone_dagster.kafka.boundary import Boundary, pack_tasks, split_into_tasks
+from dpone_dagster.kafka.boundary import pack_tasks, split_into_tasks
 from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.kafka.delivery import aggregate
 from dpone_dagster.manifest.models import KafkaSink, KafkaSource, Manifest
 from dpone_dagster.quality.gates import check_stage
 from dpone_dagster.sinks import kafka_messages
-from dpone_dagster.sinks.kafka import ProducerSettings
 from dpone_dagster.sources.kafka import KafkaBatchSource
 from dpone_dagster.spark import arrow_json
+from dpone_dagster.spark.jobs import MARGIN_S, BoundedJobs, deadline_s
 from dpone_dagster.spark.session import is_connect
-from dpone_dagster.spark.slots import local_task_slots
+from dpone_dagster.spark.slots import local_task_slots, produce_slots
 
 # Repeated keys are settled on the driver up to this many candidate hashes; more go to the Spark
 # SQL path, whose de-duplication scales with the cluster.
 MAX_CANDIDATES = 1_000_000
+# What a read task may wait on the broker beyond its records (the reader's empty polls, a
+# consumer's connection set-up): the scan's part of a job bound (spark/jobs.py).
+READ_WAIT_S = 60.0
 STRATEGIES = ("incremental_append", "incremental_merge")
 CHECKS = ("min_rows", "source_target_count")  # judged on counts (the others need Spark SQL)
 
@@ -119,11 +122,13 @@ def copy(
     tasks = split_into_tasks(boundary, manifest.source.options.records_per_task)
     slices = [(t.topic, t.partition, t.start, t.end) for t in tasks]
     groups = [[slices[i] for i in group] for group in pack_tasks(tasks, local_task_slots(spark))]
+    jobs = BoundedJobs(spark, result.run_id)
+    largest = max(sum(p[3] - p[2] for p in group) for group in groups)
     judged, noted = len(result.gates), len(result.notes)
     try:
         with stage(result, "extract", log):
             log(f"extract: {len(tasks)} slice(s) in {len(groups)} Spark task(s) over {boundary.total} offsets (direct path)")
-            reports, found = _scan(spark, settings, groups)
+            reports, found = _scan(spark, jobs, settings, groups, deadline_s(largest, READ_WAIT_S))
             refused = next((r.refused for r in reports if r.refused), None)
             if refused is not None:
                 raise _ToSparkSql(refused)
@@ -133,10 +138,10 @@ def copy(
         rows = result.rows_extracted = sum(r.rows for r in reports)
         _gates(manifest, spark, planned, result, rows, "quality_pre", "extracted", log)
         with stage(result, "shape", log):
-            skip, removed = _settle_repeated_keys(manifest, spark, settings, groups, found)
+            skip, removed = _settle_repeated_keys(manifest, spark, jobs, settings, groups, found, deadline_s(largest, READ_WAIT_S))
             _gates(manifest, spark, planned, result, rows - removed, "quality_published", "published", log)
     except _ToSparkSql as exc:
-        _remove_spills(spark, settings, groups)
+        _remove_spills(spark, jobs, settings, groups)
         del result.gates[judged:]
         del result.notes[noted:]
         attempt = sum(result.timings.pop(name, 0.0) for name in ("extract", "quality_pre", "shape", "quality_published"))
@@ -146,34 +151,29 @@ def copy(
         log(f"direct path: handing the batch to the Spark SQL path ({exc})")
         return None
     except BaseException:
-        _remove_spills(spark, settings, groups)
+        _remove_spills(spark, jobs, settings, groups)
         raise
     result.notes.extend(planned.source.json_plan(boundary).notes)
     result.duplicates_removed = removed
     result.execution_path = "direct"
     producer = producer_settings(manifest, sink_config)
-    # With a target reconciliation the state moves once, after it; otherwise slice by slice.
-    checkpoint = None if any(c.type == "source_target_count" for c in manifest.quality.checks) else planned.checkpoint
+    checkpoint = storing_rule(manifest, planned.checkpoint, removed, result)
     try:
         with stage(result, "load", log):
-            slices_at_once = sum(len(g) for g in groups) <= len(groups)  # storing slice by slice bounds nothing
-            if checkpoint is None or slices_at_once:
-                produced = _in_tasks(spark, groups, lambda g: _produce(settings, producer, g, skip))
-                rows_of_stats = [row for rows_of_task in produced for row in rows_of_task]
-            else:
-                rows_of_stats = _produce_slice_by_slice(spark, settings, producer, groups, skip, boundary, checkpoint, log)
+            rows_of_stats = produce_all(jobs, produce_slots(spark), settings, producer, groups, skip, boundary, checkpoint, log, result)
     except BaseException:
-        _remove_spills(spark, settings, groups)
+        _remove_spills(spark, jobs, settings, groups)
         raise
     stats = aggregate(rows_of_stats)
     check_delivery(manifest, stats, result)
     return Delivered(stats, rows - removed)
 
 
-def _remove_spills(spark: SparkSession, settings: task.DirectSettings, groups: list[list[task.Slice]]) -> None:
-    """Best effort: the files are in Spark's local directories, removed with the session anyway."""
+def _remove_spills(spark: SparkSession, jobs: BoundedJobs, settings: task.DirectSettings, groups: list[list[task.Slice]]) -> None:
+    """Best effort: the files are in Spark's local directories (a later run's scan sweeps what a
+    killed run left, task.sweep_stale_spills)."""
     try:
-        _in_tasks(spark, groups, lambda g: task.remove_spills(settings, g))
+        jobs.in_tasks(groups, lambda g: task.remove_spills(settings, g), MARGIN_S, "removing the run's spill files")
     except Exception:  # noqa: BLE001 - the run's own outcome matters, not this clean-up
         pass
 
@@ -231,7 +231,7 @@ class _ToSparkSql(Exception):
 
 
 def _scan(
-    spark: SparkSession, settings: task.DirectSettings, groups: list[list[task.Slice]]
+    spark: SparkSession, jobs: BoundedJobs, settings: task.DirectSettings, groups: list[list[task.Slice]], seconds: float
 ) -> tuple[list[task.ScanReport], np.ndarray]:
     """Scan every group; returns the reports and the candidate key hashes (direct/keys.py).
 
@@ -239,7 +239,7 @@ def _scan(
     more than a bucket of them (the driver receives only candidates: flat memory in the batch
     size). Spark Connect has no RDDs: its client adds the hashes up itself (8 bytes a record)."""
     if is_connect(spark):
-        reports = _in_tasks(spark, groups, lambda g: task.scan(settings, g))
+        reports = jobs.in_tasks(groups, lambda g: task.scan(settings, g), seconds, "the scan of the batch")
         return reports, candidates(r.hashes for r in reports if r.hashes is not None)
     buckets = max(1, len(groups))
     report_key = -1
@@ -260,7 +260,8 @@ def _scan(
         yield "candidates", candidates(parts)
 
     indexes = spark.sparkContext.parallelize(range(len(groups)), buckets)
-    out = indexes.flatMap(scanned).partitionBy(buckets, lambda key: max(key, 0)).mapPartitions(bucket).collect()
+    shuffled = indexes.flatMap(scanned).partitionBy(buckets, lambda key: max(key, 0)).mapPartitions(bucket)
+    out = jobs.run(shuffled.collect, seconds, "the scan of the batch")
     reports = [value for kind, value in out if kind == "report"]
     found = [value for kind, value in out if kind == "candidates"]
     return reports, np.unique(np.concatenate(found)) if found else np.zeros(0, np.uint64)
@@ -269,9 +270,11 @@ def _scan(
 def _settle_repeated_keys(
     manifest: Manifest,
     spark: SparkSession,
+    jobs: BoundedJobs,
     settings: task.DirectSettings,
     groups: list[list[task.Slice]],
     found: np.ndarray,
+    seconds: float,
 ) -> tuple[dict[int, np.ndarray], int]:
     """The source offsets to leave out per partition, and how many they are, from the candidate
     key hashes `found`. Keys that repeat where the Spark SQL path orders them (append) or refuses
@@ -280,7 +283,8 @@ def _settle_repeated_keys(
         return {}, 0
     if len(found) > MAX_CANDIDATES:
         raise _ToSparkSql(f"more than {MAX_CANDIDATES} keys may repeat")
-    records = pa.concat_tables(_in_tasks(spark, groups, lambda g: task.candidate_records(settings, g, found)))
+    picked = jobs.in_tasks(groups, lambda g: task.candidate_records(settings, g, found), seconds, "the read of repeated keys")
+    records = pa.concat_tables(picked)
     repeated = records.group_by("key").aggregate([("key", "count")]).filter(pc.field("key_count") > 1)
     if not repeated.num_rows:
         return {}, 0  # hashes shared by different keys only
@@ -321,78 +325,3 @@ def _gates(
             pre_publish_gates(manifest, empty, planned.incremental, result, rows, frame_stage)
 
 
-def _produce(
-    settings: task.DirectSettings, producer: ProducerSettings, slices: list[task.Slice], skip: dict[int, np.ndarray]
-) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for batch in task.produce(settings, producer, slices, skip):
-        rows.extend(batch.to_pylist())
-    return rows
-
-
-def _produce_slice_by_slice(
-    spark: SparkSession,
-    settings: task.DirectSettings,
-    producer: ProducerSettings,
-    groups: list[list[task.Slice]],
-    skip: dict[int, np.ndarray],
-    boundary: Boundary,
-    checkpoint: Callable[[dict[int, int]], None],
-    log: Log,
-) -> list[dict[str, Any]]:
-    """Produce one slice per Spark job, as many at once as there are task slots (one per group),
-    and store a partition's offset as soon as its slices up to there are delivered: a run that dies
-    re-sends at most the slices in flight, not everything it had delivered. After a failed slice
-    no new one starts; the slices running then finish (and are stored) before the error is raised."""
-    progress = SliceProgress({r.partition: r.start for r in boundary.ranges})
-    # Every partition's first slices first, so that each partition's stored offset moves early.
-    slices = sorted((s for g in groups for s in g), key=lambda s: (s[2] - progress.starts[s[1]], s[1]))
-    rows: list[dict[str, Any]] = []
-    with ThreadPoolExecutor(max_workers=max(1, len(groups)), thread_name_prefix="dpone-produce") as pool:
-        running = {pool.submit(_in_tasks, spark, [[piece]], lambda g: _produce(settings, producer, g, skip)): piece for piece in slices}
-        failure: BaseException | None = None
-        try:
-            for future in as_completed(running):
-                piece = running[future]
-                if future.cancelled():
-                    continue
-                try:
-                    [piece_rows] = future.result()
-                except Exception as exc:  # the job failed: nothing of this slice may be stored
-                    failure = failure or exc
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    continue
-                rows.extend(piece_rows)
-                if not aggregate(piece_rows).ok:
-                    pool.shutdown(wait=False, cancel_futures=True)  # check_delivery reports it
-                    continue
-                moved = progress.delivered(piece[1], piece[2], piece[3])
-                if moved:
-                    checkpoint(moved)
-                    log(f"load: {piece[0]}[{piece[1]}] delivered up to offset {moved[piece[1]]}; stored")
-        except BaseException:  # the state store failed (or the run was interrupted): start nothing more
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-    if failure is not None:
-        raise failure
-    return rows
-
-
-def _in_tasks(spark: SparkSession, groups: list[list[task.Slice]], work: Callable[[list[task.Slice]], Any]) -> list[Any]:
-    """`work(group)` for every group of slices, one Spark task each; the results in group order.
-    A classic session runs them as a plain RDD of indexes (its workers skip the Arrow/pandas
-    set-up of a UDF: ~2 CPU s less per run, measured); Spark Connect, which has no RDDs, as an
-    Arrow map over the same indexes."""
-    if not is_connect(spark):
-        indexes = spark.sparkContext.parallelize(range(len(groups)), max(1, len(groups)))
-        return indexes.map(lambda index: work(groups[index])).collect()
-
-    def run(batches: Any) -> Any:
-        for batch in batches:
-            for index in batch.column(0).to_pylist():
-                out = pickle.dumps((index, work(groups[index])))
-                yield pa.RecordBatch.from_arrays([pa.array([out], pa.binary())], names=["out"])
-
-    frame = spark.range(0, len(groups), 1, max(1, len(groups))).mapInArrow(run, "out binary")
-    results = dict(pickle.loads(row["out"]) for row in frame.collect())
-    return [results[i] for i in range(len(groups))]

@@ -7,6 +7,7 @@ sums the reports; the batch itself is never collected.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -137,7 +138,7 @@ def produce_batches(settings: ProducerSettings, batches: Iterator[pa.RecordBatch
                 try:  # the common case inline: one Python call per message
                     produce(topic, value, key, on_delivery=on_delivery)
                 except BufferError:
-                    _produce(producer, topic, key, value, on_delivery)
+                    _produce(producer, topic, key, value, on_delivery, settings.flush_timeout_s)
         else:
             headers, partitions = batch.column("headers").to_pylist(), batch.column("partition").to_pylist()
             for (key, value), header, partition in zip(rows, headers, partitions, strict=True):
@@ -146,7 +147,7 @@ def produce_batches(settings: ProducerSettings, batches: Iterator[pa.RecordBatch
                     extra["headers"] = [(h["key"], h["value"]) for h in header]
                 if partition is not None and partition >= 0:
                     extra["partition"] = partition
-                _produce(producer, topic, key, value, on_delivery, **extra)
+                _produce(producer, topic, key, value, on_delivery, settings.flush_timeout_s, **extra)
         producer.poll(0)
     remaining = producer.flush(settings.flush_timeout_s)
     if remaining:
@@ -157,14 +158,25 @@ def produce_batches(settings: ProducerSettings, batches: Iterator[pa.RecordBatch
     yield report.rows(_executor_id())
 
 
-def _produce(producer: Any, topic: str, key: Any, value: Any, on_delivery: Any, **extra: Any) -> None:
+def _produce(producer: Any, topic: str, key: Any, value: Any, on_delivery: Any, give_up_s: float, **extra: Any) -> None:
+    """Produce one message; on a full local queue serve delivery reports until there is room, for
+    at most `give_up_s` without a single report (the broker acknowledges nothing: raise, naming it)."""
+    waited_since = None
     while True:
         try:
             producer.produce(topic, value, key, on_delivery=on_delivery, **extra)
             return
         except BufferError:
-            # Local queue full: serve delivery reports until there is room again.
-            producer.poll(0.05)
+            if producer.poll(0.05):
+                waited_since = None
+                continue
+            now = time.monotonic()
+            waited_since = waited_since or now
+            if now - waited_since >= give_up_s:
+                raise RuntimeError(
+                    f"{topic}: the local producer queue stayed full for {give_up_s:.0f} s without a delivery report "
+                    "(the broker acknowledges nothing); the task stopped producing (delivery.flush_timeout_s)"
+                ) from None
 
 
 def _total_length(column: pa.Array) -> int:

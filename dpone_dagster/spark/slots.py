@@ -26,3 +26,31 @@ def local_mode(spark: SparkSession) -> bool:
 def local_task_slots(spark: SparkSession) -> int | None:
     """The task slots of a local-mode session; None elsewhere."""
     return spark.sparkContext.defaultParallelism if local_mode(spark) else None
+
+
+# Where the session cannot tell how many tasks run at once (Spark Connect against a cluster).
+DEFAULT_SLOTS = 4
+
+
+def produce_slots(spark: SparkSession) -> int:
+    """How many slices the direct path produces at once: the task slots where they are known
+    (local mode; a classic session's default parallelism, the executors' cores when it is planned),
+    else `spark.default.parallelism`, else the slots of a Connect server's `local[N]` master, else
+    DEFAULT_SLOTS. It also bounds the slices delivered and not yet stored (direct/progress.py)."""
+    slots = local_task_slots(spark)
+    if slots is not None:
+        return max(1, slots)
+    try:
+        return max(1, spark.sparkContext.defaultParallelism)
+    except Exception:  # Spark Connect: no SparkContext in this process
+        pass
+    try:
+        configured = spark.conf.get("spark.default.parallelism", None)
+        if configured:
+            return max(1, int(configured))
+        master = spark.conf.get("spark.master", "") or ""
+    except Exception:  # noqa: BLE001 - a server that does not say
+        return DEFAULT_SLOTS
+    if master.startswith("local[") and master[6:-1].split(",")[0].isdigit():
+        return max(1, int(master[6:-1].split(",")[0]))
+    return DEFAULT_SLOTS

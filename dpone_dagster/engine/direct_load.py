@@ -1,0 +1,145 @@
+"""The load stage of the direct path (engine/direct.py): the tasks produce their kept messages, and
+the offsets are stored by the rule that keeps the guarantees.
+
+- Stored as slices are delivered (`checkpoint`), at most `window` slices open at once
+  (direct/progress.py): a run that dies re-sends at most `window` slices, on every kind of Spark
+  deployment (the window is the driver's, spark/slots.produce_slots).
+- Stored once, with the whole batch, at the commit: under a target reconciliation (the state moves
+  after it), and when keep_last / keep_first left records of repeated keys out. A left-out record
+  and the one kept over it may sit in different partitions or slices; storing one partition before
+  the other could let a rerun, which no longer sees the kept record, publish the left-out one after
+  it (a stale last value per key).
+Every wait is bounded (spark/jobs.py): a job that outlives its bound cancels the run's jobs and
+fails the run, naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from dpone_dagster.direct import task
+from dpone_dagster.direct.progress import Slice, SliceSchedule
+from dpone_dagster.engine.results import RunResult
+from dpone_dagster.engine.stages.timing import Log
+from dpone_dagster.kafka.boundary import Boundary
+from dpone_dagster.kafka.delivery import aggregate
+from dpone_dagster.manifest.models import Manifest
+from dpone_dagster.sinks.kafka import ProducerSettings
+from dpone_dagster.spark.jobs import BoundedJobs, Job, deadline_s, in_tasks
+
+Checkpoint = Callable[[dict[int, int]], None]
+Skip = dict[int, np.ndarray]  # source offsets left out, per partition
+
+
+def storing_rule(manifest: Manifest, planned_checkpoint: Checkpoint | None, removed: int, result: RunResult) -> Checkpoint | None:
+    """The checkpoint to store offsets with while the run produces, or None: once, at the commit."""
+    if planned_checkpoint is None or any(c.type == "source_target_count" for c in manifest.quality.checks):
+        return None
+    if removed:
+        result.notes.append(
+            f"direct path: {manifest.sink.strategy.duplicate_policy} left out {removed} record(s) of repeated keys; "
+            "offsets are stored once, with the whole batch, so a rerun never publishes a left-out record after the one kept"
+        )
+        return None
+    return planned_checkpoint
+
+
+def produce_all(
+    jobs: BoundedJobs,
+    window: int,
+    settings: task.DirectSettings,
+    producer: ProducerSettings,
+    groups: list[list[Slice]],
+    skip: Skip,
+    boundary: Boundary,
+    checkpoint: Checkpoint | None,
+    log: Log,
+    result: RunResult,
+) -> list[dict[str, Any]]:
+    """Produce every kept message; the delivery statistics rows of every task. Slice by slice,
+    storing as they are delivered, unless the state moves once or every slice fits in one wave
+    (storing slice by slice would bound nothing then): one job over the groups."""
+    pieces = [piece for group in groups for piece in group]
+    if checkpoint is not None and len(pieces) > window:
+        result.notes.append(
+            f"direct path: offsets stored as slices are delivered; at most {window} slice(s) of at most "
+            f"{max(p[3] - p[2] for p in pieces)} offsets delivered and not yet stored at any moment"
+        )
+        return _slice_by_slice(jobs, window, settings, producer, pieces, skip, boundary, checkpoint, log)
+    largest = max(sum(p[3] - p[2] for p in group) for group in groups)
+    produced = jobs.in_tasks(
+        groups,
+        lambda g: produce_rows(settings, producer, g, skip),
+        deadline_s(largest, producer.flush_timeout_s),
+        f"the produce of {len(pieces)} slice(s) to '{producer.topic}'",
+    )
+    return [row for rows_of_task in produced for row in rows_of_task]
+
+
+def produce_rows(settings: task.DirectSettings, producer: ProducerSettings, slices: list[Slice], skip: Skip) -> list[dict[str, Any]]:
+    """Executor side: produce `slices`; the delivery statistics rows."""
+    rows: list[dict[str, Any]] = []
+    for batch in task.produce(settings, producer, slices, skip):
+        rows.extend(batch.to_pylist())
+    return rows
+
+
+def _slice_by_slice(
+    jobs: BoundedJobs,
+    window: int,
+    settings: task.DirectSettings,
+    producer: ProducerSettings,
+    pieces: list[Slice],
+    skip: Skip,
+    boundary: Boundary,
+    checkpoint: Checkpoint,
+    log: Log,
+) -> list[dict[str, Any]]:
+    """One Spark job per slice, started while fewer than `window` slices are open; a partition's
+    offset is stored as soon as its slices up to there are delivered. After a failed slice nothing
+    new starts; the slices running then finish (and are stored) before the error is raised."""
+    schedule = SliceSchedule(pieces, {r.partition: r.start for r in boundary.ranges}, window)
+    spark = jobs.spark
+    running: dict[Future[Any], tuple[Slice, Job[Any]]] = {}
+    rows: list[dict[str, Any]] = []
+    failure: BaseException | None = None
+    try:
+        while True:
+            piece = schedule.next()
+            while piece is not None:
+                job = jobs.start(
+                    lambda piece=piece: in_tasks(spark, [[piece]], lambda g: produce_rows(settings, producer, g, skip))[0],
+                    deadline_s(piece[3] - piece[2], producer.flush_timeout_s),
+                    f"the produce of {piece[0]}[{piece[1]}] offsets {piece[2]}-{piece[3]}",
+                )
+                running[job.future] = (piece, job)
+                piece = schedule.next()
+            if not running:
+                break
+            for job in jobs.first_done([job for _, job in running.values()]):
+                piece, _ = running.pop(job.future)
+                try:
+                    piece_rows = job.future.result()
+                except Exception as exc:  # the job failed: nothing of this slice may be stored
+                    failure = failure or exc
+                    schedule.stop()
+                    continue
+                rows.extend(piece_rows)
+                if not aggregate(piece_rows).ok:
+                    schedule.stop()  # check_delivery reports it
+                    continue
+                moved = schedule.delivered(piece)
+                if moved:
+                    checkpoint(moved)
+                    log(f"load: {piece[0]}[{piece[1]}] delivered up to offset {moved[piece[1]]}; stored")
+    except BaseException:  # the state store failed, a job timed out, or the run was interrupted
+        schedule.stop()
+        jobs.cancel()
+        raise
+    if failure is not None:
+        raise failure
+    return rows
