@@ -51,9 +51,9 @@ def build_schedule(manifest: Manifest) -> ScheduleDefinition | None:
         if not windowed:
             return [RunRequest(tags=tags)]
         assert isinstance(manifest.source, KafkaSource)
-        requests, reason, _ = window_requests(context, manifest, kafka.client_config(manifest.source), None)
-        if not requests:
-            return SkipReason(reason)
-        return [RunRequest(run_key=r.run_key, partition_key=r.partition_key, tags={**r.tags, **tags}) for r in requests]
+        decision = window_requests(context, manifest, kafka.client_config(manifest.source), None)
+        if not decision.requests:
+            return SkipReason(decision.reason)
+        return [RunRequest(run_key=r.run_key, partition_key=r.partition_key, tags={**r.tags, **tags}) for r in decision.requests]
 
     return _schedule

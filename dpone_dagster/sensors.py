@@ -11,7 +11,12 @@
   window whose run failed is requested again after a backoff
   (`retry_backoff_seconds`, doubled per failure) until `max_attempts` runs failed; run key
   `<pipeline>:<partition key>:<attempt>`, tags `dpone/attempt`, `dpone/max_attempts`,
-  `dpone/backoff_seconds`. A window under way is not requested twice.
+  `dpone/backoff_seconds`, `dpone/requested_at`. A window that any run is materializing (UI, CLI,
+  a range backfill, a schedule: Dagster's planned materializations per partition) is not
+  requested; a requested run that starts after another run materialized its window produces
+  nothing (assets/requested.py). A window retention has taken records of (on_retention_gap:
+  fail) is reported once, in the skip reason and as `windows_lost_to_retention` on the asset,
+  and left behind: newer windows go on.
 Both modes leave a failed run alone while Dagster's run retries have it (`dagster/will_retry`), and
 for good when it failed on its data (`dagster/retry_on_asset_or_op_failure: false`, see
 assets/retries.py): the same data would fail the same way.
@@ -23,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from dagster import (
     AssetKey,
@@ -40,10 +45,12 @@ from dagster import (
     SkipReason,
     sensor,
 )
+from dagster._core.storage.partition_status_cache import AssetPartitionStatus
 from dagster._core.storage.tags import PARTITION_NAME_TAG
 
 from dpone_dagster.assets.factory import source_asset_key
 from dpone_dagster.assets.partitions import partition_settings, partitions_def_for, window_for_key
+from dpone_dagster.assets.requested import REQUESTED_AT
 from dpone_dagster.assets.retries import RETRY_ON_FAILURE_TAG, WILL_RETRY_TAG
 from dpone_dagster.engine.lag import SourceLag, source_lag
 from dpone_dagster.manifest.models import KafkaSource, Manifest
@@ -59,7 +66,8 @@ class HasInstance(Protocol):
     @property
     def instance(self) -> DagsterInstance: ...
 PIPELINE_TAG = "dpone/pipeline"
-FINGERPRINT_TAG = "dpone/waiting_data"  # offsets mode: which stored offsets and watermarks a run was asked for
+FINGERPRINT_TAG = "dpone/waiting_data"
+REQUESTED_AT_TAG = REQUESTED_AT  # when the tick decided: a window materialized since is not produced again (assets/requested.py)  # offsets mode: which stored offsets and watermarks a run was asked for
 
 
 def build_source_sensor(manifest: Manifest) -> SensorDefinition | None:
@@ -126,18 +134,30 @@ def _offset_requests(
 def _window_requests(
     context: SensorEvaluationContext, manifest: Manifest, config: dict, observation: AssetObservation
 ) -> SensorResult:
-    requests, reason, cursor = window_requests(context, manifest, config, context.cursor)
-    if requests:
-        return SensorResult(run_requests=requests, asset_events=[observation], cursor=cursor)
-    return SensorResult(skip_reason=reason, asset_events=[observation], cursor=cursor)
+    decision = window_requests(context, manifest, config, context.cursor)
+    events = [observation]
+    if decision.lost:  # reported once: the cursor moves past them
+        events.append(
+            AssetObservation(
+                asset_key=AssetKey([manifest.name]),
+                metadata={"windows_lost_to_retention": MetadataValue.json(decision.lost), "pipeline": manifest.name},
+            )
+        )
+    if decision.requests:
+        return SensorResult(run_requests=decision.requests, asset_events=events, cursor=decision.cursor)
+    return SensorResult(skip_reason=decision.reason, asset_events=events, cursor=decision.cursor)
 
 
-def window_requests(
-    context: HasInstance, manifest: Manifest, config: dict, cursor: str | None
-) -> tuple[list[RunRequest], str, str | None]:
-    """Runs for the closed windows (lateness passed) that hold data and are not materialized,
-    from the oldest window still watched on; or why none. Returns (requests, skip reason, the
-    cursor to keep)."""
+class WindowDecision(NamedTuple):
+    requests: list[RunRequest]
+    reason: str  # why nothing (more) is requested
+    cursor: str | None  # the oldest window still watched
+    lost: list[str]  # windows retention took part of (on_retention_gap: fail), left behind
+
+
+def window_requests(context: HasInstance, manifest: Manifest, config: dict, cursor: str | None) -> WindowDecision:
+    """Runs for the closed windows (lateness passed) that hold data and are neither materialized
+    nor being materialized, from the oldest window still watched on; or why none."""
     settings = partition_settings(manifest)
     partitions_def = partitions_def_for(manifest)
     assert settings is not None and partitions_def is not None
@@ -145,21 +165,47 @@ def window_requests(
     now = datetime.now(UTC)
     closed = partitions_def.get_partition_keys(current_time=now - timedelta(seconds=settings.allowed_lateness_seconds))
     if not closed:
-        return [], "no closed window yet", cursor
+        return WindowDecision([], "no closed window yet", cursor, [])
     since = _since(cursor, closed, options.catch_up_windows)
     watched = closed[closed.index(since):]
-    materialized = context.instance.get_materialized_partitions(AssetKey([manifest.name]))
+    asset_key = AssetKey([manifest.name])
+    materialized = context.instance.get_materialized_partitions(asset_key)
     pending = [k for k in watched if k not in materialized]
-    sizes = _window_sizes(manifest, config, partitions_def, watched, pending)
+    # Planned materializations of any launcher (UI, CLI, a range backfill, a schedule), per partition.
+    status = context.instance.get_status_by_partition(asset_key, pending, partitions_def) or {}
+    in_progress = {k for k, s in status.items() if s == AssetPartitionStatus.IN_PROGRESS}
+    lost = _lost_to_retention(manifest, config, partitions_def, pending)
+    sizes = _window_sizes(manifest, config, partitions_def, watched, [k for k in pending if k not in lost])
     requests, waiting = [], []
-    for key in [k for k in pending if sizes[k]][:MAX_WINDOWS_PER_TICK]:
+    if lost:
+        waiting.append(
+            f"window(s) {lost} can no longer be read: retention removed records of them (on_retention_gap: fail); "
+            "left behind, newer windows go on (materialize them by hand with on_retention_gap: warn to read what is left)"
+        )
+    for key in [k for k in pending if sizes.get(k)][:MAX_WINDOWS_PER_TICK]:
+        if key in in_progress:
+            waiting.append(f"{key}: a run materializing it is under way")
+            continue
         decision = _attempt(context, manifest, {PARTITION_NAME_TAG: key}, f"{manifest.name}:{key}", now, partition_key=key)
         if isinstance(decision, str):
             waiting.append(f"{key}: {decision}")
         else:
             requests.append(decision)
     reason = "; ".join(waiting) if waiting else f"no closed window with data left to materialize since {since}"
-    return requests, reason, json.dumps({"since": _settled_until(watched, materialized, sizes)})
+    settled = materialized | set(lost)  # a window retention took is reported once, then left behind
+    return WindowDecision(requests, reason, json.dumps({"since": _settled_until(watched, settled, sizes)}), lost)
+
+
+def _lost_to_retention(manifest: Manifest, config: dict, partitions_def: Any, pending: list[str]) -> list[str]:
+    """Pending windows a run would refuse because retention removed records of them (their start
+    is before the oldest instant every partition still holds; on_retention_gap: fail)."""
+    assert isinstance(manifest.source, KafkaSource)
+    if not pending or manifest.source.options.retention_gap_policy != "fail":
+        return []
+    complete_since = KafkaBatchSource(manifest, config).complete_since_ms()
+    if complete_since is None:
+        return []
+    return [k for k in pending if window_for_key(partitions_def, k).start_ms < complete_since]
 
 
 def _since(cursor: str | None, closed: list[str], catch_up: int) -> str:
@@ -237,6 +283,7 @@ def _attempt(
         tags={
             **({} if partition_key else work),
             PIPELINE_TAG: manifest.name,
+            REQUESTED_AT: f"{now.timestamp():.3f}",  # a window materialized since is not produced again
             "dpone/attempt": str(attempt),
             "dpone/max_attempts": str(options.max_attempts),
             "dpone/backoff_seconds": str(backoff),

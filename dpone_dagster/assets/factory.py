@@ -23,6 +23,7 @@ from dagster_pyspark import LazyPySparkResource
 
 from dpone_dagster.assets.automation import automation_condition
 from dpone_dagster.assets.partitions import is_closed, partition_settings, partitions_def_for, window_for_key
+from dpone_dagster.assets.requested import superseded
 from dpone_dagster.assets.retries import refuse_retry, tag_retry_budget
 from dpone_dagster.engine.locks import dagster_pool
 from dpone_dagster.engine.results import RunResult
@@ -112,6 +113,10 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None, 
         context: AssetExecutionContext, pyspark: LazyPySparkResource, kafka: KafkaResource, schema_registry: SchemaRegistryResource
     ):
         keys, windows = _partition_windows(context, manifest)
+        stale = superseded(context, asset_key, keys)
+        if stale is not None:
+            context.log.warning(stale)
+            return
         selected = {k.name for k in context.selected_asset_check_keys}
         specs = [s for s in check_specs if s.name in selected]
         publish = asset_key in context.selected_asset_keys

@@ -160,15 +160,10 @@ class KafkaBatchSource:
         self, probe: inspect.RecordProbe, watermarks: dict[int, Watermarks], window: TimeWindow, planned: list[PlannedWindow]
     ) -> list[str]:
         """A window that starts before the oldest retained record may have lost data to retention."""
-        gaps = set()
+        gaps = {p for p, since in _retained_since(probe, watermarks).items() if since > window.start_ms}
         for i, (p, wm) in enumerate(sorted(watermarks.items())):
             if any(w.ranges[i].start < wm.low and w.ranges[i].size for w in planned if w.frozen):
                 gaps.add(p)  # a recorded range reaches below the log start
-            if wm.low == 0:
-                continue  # nothing was ever removed from this partition
-            first = probe.first_at_or_after(p, wm.low)
-            if first is not None and first[1] > window.start_ms:
-                gaps.add(p)
         if not gaps:
             return []
         message = (
@@ -178,6 +173,18 @@ class KafkaBatchSource:
         if self.options.retention_gap_policy == "fail":
             raise RunFailed(message + "; set source.options.on_retention_gap: warn to run it anyway")
         return [f"warning: {message}"]
+
+    def complete_since_ms(self) -> int | None:
+        """The instant from which every partition still holds every record: the newest timestamp of
+        a partition's first retained record, over the partitions retention removed records from;
+        None when it removed none. A window starting earlier may have lost records to retention."""
+        consumer = inspect.make_consumer(self.client_config, self.group_id)
+        try:
+            watermarks = inspect.verified_watermarks(consumer, self.topic, inspect.topic_partitions(consumer, self.topic))
+            since = _retained_since(inspect.RecordProbe(consumer, self.topic), watermarks)
+        finally:
+            consumer.close()
+        return max(since.values(), default=None)
 
     def late_records(self, spark: SparkSession, boundary: Boundary) -> dict[str, int]:
         """Per window (start, ISO 8601): records whose timestamp is before the start of the window
@@ -456,3 +463,16 @@ def _within_log(topic: str, planned: PlannedWindow, watermarks: dict[int, Waterm
 
 def _utc(value: datetime) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _retained_since(probe: inspect.RecordProbe, watermarks: dict[int, Watermarks]) -> dict[int, int]:
+    """Per partition retention removed records from (log start above 0): the timestamp of its first
+    retained record."""
+    since: dict[int, int] = {}
+    for p, wm in sorted(watermarks.items()):
+        if wm.low == 0:
+            continue  # nothing was ever removed from this partition
+        first = probe.first_at_or_after(p, wm.low)
+        if first is not None:
+            since[p] = first[1]
+    return since
