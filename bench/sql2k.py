@@ -184,6 +184,7 @@ def spark_jdbc_to_writer(
     bootstrap: str,
     topic: str,
     num_partitions: int,
+    rows: int,
     fetchsize: int = 10_000,
 ) -> dict[str, Any]:
     """JDBC read → the engine's message shape → sinks.kafka.produce (no state, gates or dedupe)."""
@@ -224,7 +225,7 @@ def spark_jdbc_to_writer(
         F.lit(-1).cast("int").alias("partition"),
         F.lit("upsert").alias("__dpone__op"),
     )
-    stats = produce(messages, ProducerSettings(topic, tuple(engine_producer_config(bootstrap).items())))
+    stats = produce(messages, ProducerSettings(topic, tuple(engine_producer_config(bootstrap).items())), rows)
     seconds = time.perf_counter() - started
     return {"messages": stats.delivered + stats.failed, "seconds": seconds, "delivered": stats.delivered, "failed": stats.failed}
 
@@ -353,7 +354,7 @@ def run_bench(
                 topic = f"bench_sql_s_{uuid.uuid4().hex[:6]}"
                 create_topic(bootstrap, topic, topic_partitions)
                 with _phase(sampler, "s") as peaks:
-                    out = spark_jdbc_to_writer(spark, database, bootstrap, topic, num_partitions)
+                    out = spark_jdbc_to_writer(spark, database, bootstrap, topic, num_partitions, rows)
                 report["phases"]["s"] = _finish(out, peaks, bootstrap, topic)
             if "e" in only:
                 say("(e) run_pipeline, source.type postgres")

@@ -134,8 +134,8 @@ def test_source_target_count_catches_a_delivery_mismatch(broker, spark, topics, 
     monkeypatch.setenv("DPONE_DIRECT_PATH", "off")
     real_produce = load_stage.produce
 
-    def short_produce(messages, settings):
-        stats = real_produce(messages, settings)
+    def short_produce(messages, settings, records):
+        stats = real_produce(messages, settings, records)
         return DeliveryStats(stats.delivered - 1, 0, stats.tombstones, stats.bytes, stats.partitions, stats.errors)
 
     monkeypatch.setattr(load_stage, "produce", short_produce)

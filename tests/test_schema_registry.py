@@ -728,7 +728,7 @@ def test_end_to_end_avro_through_the_broker(spark, broker, client):
         .withColumn("headers", F.col(C.SOURCE_HEADERS)),
         "avro", out_id, out_text, SCHEMA.names,
     )
-    stats = produce(messages, ProducerSettings(dst, (("bootstrap.servers", bs),)))
+    stats = produce(messages, ProducerSettings(dst, (("bootstrap.servers", bs),)), messages.count())
     assert stats.ok
     deserializer = AvroDeserializer(client)
     received = _consume_values(bs, dst)

@@ -58,7 +58,7 @@ def test_local_mode_produces_from_one_task_per_slot(broker, spark):
     )
     spark.sparkContext.setJobGroup("slots-produce", "produce from 6 partitions")
     try:
-        stats = produce(messages, ProducerSettings(dst, (("bootstrap.servers", bs),), headers_or_partitions=False))
+        stats = produce(messages, ProducerSettings(dst, (("bootstrap.servers", bs),), headers_or_partitions=False), 300)
     finally:
         spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
     tracker = spark.sparkContext.statusTracker()

@@ -145,6 +145,6 @@ def _through_spark_sql(
             return None
         publish_dead_letters(letters, result, log)  # every gate passed: the output leaves, letters first
         with stage(result, "load", log):
-            return Delivered(load(manifest, messages.frame, sink_config, result), messages.expected)
+            return Delivered(load(manifest, messages.frame, messages.expected, sink_config, result), messages.expected)
     finally:
         kept.release_all()

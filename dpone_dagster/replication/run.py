@@ -31,6 +31,7 @@ from dpone_dagster.replication.control_topic import (
 from dpone_dagster.replication.eos_task import QUEUE_KBYTES, ReplicationSpec, run_task
 from dpone_dagster.replication.mapping import resolve_source_topics, resolve_targets, target_partition
 from dpone_dagster.replication.plan import PartitionPlan, plan_partitions
+from dpone_dagster.spark.jobs import BoundedJobs, JobTimedOut, deadline_s
 
 Log = Callable[[str], None]
 
@@ -421,8 +422,13 @@ def _run_tasks(spark: SparkSession, specs: list[ReplicationSpec]) -> list[Partit
     A plain RDD of indexes: its Python workers import only the task module (an Arrow UDF's
     workers would import pyarrow and pandas first, ~0.5 s per worker for one row of stats)."""
     tasks = spark.sparkContext.parallelize(range(len(specs)), len(specs)).map(partial(run_task, specs))
+    largest = max(spec.end - spec.planned_start for spec in specs)
+    broker_wait_s = max(spec.init_timeout_s + spec.transaction_timeout_ms / 1000 for spec in specs)
+    jobs = BoundedJobs(spark, specs[0].run_id)
     try:
-        rows = tasks.collect()
+        rows = jobs.run(tasks.collect, deadline_s(largest, broker_wait_s), f"the replication of {len(specs)} partition(s)")
+    except JobTimedOut:
+        raise
     except Exception as exc:
         raise RunFailed(
             f"replication task failed: {task_failure_reason(str(exc))}. Partitions whose transactions "

@@ -20,8 +20,9 @@ SettingsT = TypeVar("SettingsT", contravariant=True)
 class Sink(Protocol[SettingsT]):
     """Delivers a shaped batch; `SettingsT` is the sink's own settings (where, with which client)."""
 
-    def produce(self, messages: DataFrame, settings: SettingsT) -> DeliveryStats:
-        """Deliver every row of `messages` (columns key, value, headers, partition) and return what
-        was acknowledged, per target partition. Deliveries that fail are counted in the stats, not
-        raised. Runs on Spark tasks: the batch is never collected on the driver."""
+    def produce(self, messages: DataFrame, settings: SettingsT, records: int) -> DeliveryStats:
+        """Deliver every row of `messages` (columns key, value, headers, partition; `records` of
+        them, which bounds the wait) and return what was acknowledged, per target partition.
+        Deliveries that fail are counted in the stats, not raised. Runs on Spark tasks: the batch
+        is never collected on the driver."""
         ...

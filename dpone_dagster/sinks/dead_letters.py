@@ -87,7 +87,7 @@ class DeadLetters:
             ),
             int(config.get("message.max.bytes", 1_000_000)),
         )
-        stats = produce(letters, ProducerSettings(options.topic, tuple(config.items()), delivery.flush_timeout_s))
+        stats = produce(letters, ProducerSettings(options.topic, tuple(config.items()), delivery.flush_timeout_s), todo)
         if not stats.ok or stats.delivered != todo:
             raise RunFailed(
                 f"dead-lettering {todo} record(s) to '{options.topic}' failed ({stats.delivered} acknowledged; "

@@ -8,6 +8,7 @@ sums the reports; the batch itself is never collected.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from dpone_dagster.kafka.delivery import STATS_COLUMNS, UNASSIGNED, DeliveryStats, aggregate
+from dpone_dagster.spark.jobs import BoundedJobs, deadline_s
 from dpone_dagster.spark.slots import local_task_slots
 
 HEADERS_TYPE = "array<struct<key:string,value:binary>>"
@@ -33,8 +35,9 @@ class ProducerSettings:
     headers_or_partitions: bool = True
 
 
-def produce(messages: DataFrame, settings: ProducerSettings) -> DeliveryStats:
-    """Produce every message to `settings.topic`, one confluent-kafka producer per Spark task."""
+def produce(messages: DataFrame, settings: ProducerSettings, records: int) -> DeliveryStats:
+    """Produce every message to `settings.topic`, one confluent-kafka producer per Spark task; the
+    driver waits at most the bound of a job of `records` messages (spark/jobs.py)."""
 
     def produce_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield from produce_batches(settings, batches)
@@ -49,14 +52,16 @@ def produce(messages: DataFrame, settings: ProducerSettings) -> DeliveryStats:
     if slots is not None:
         handed = handed.coalesce(slots)  # one producer per task slot: one start, one flush wait each
     stats = handed.mapInArrow(produce_task, STATS_COLUMNS)
-    return aggregate(row.asDict() for row in stats.collect())
+    jobs = BoundedJobs(messages.sparkSession, f"produce-{uuid.uuid4().hex}")
+    rows = jobs.run(stats.collect, deadline_s(records, settings.flush_timeout_s), f"the produce of {records} message(s) to '{settings.topic}'")
+    return aggregate(row.asDict() for row in rows)
 
 
 class KafkaSink:
     """The Kafka sink as the engine sees it (sinks.base.Sink)."""
 
-    def produce(self, messages: DataFrame, settings: ProducerSettings) -> DeliveryStats:
-        return produce(messages, settings)
+    def produce(self, messages: DataFrame, settings: ProducerSettings, records: int) -> DeliveryStats:
+        return produce(messages, settings, records)
 
 
 class _TaskReport:

@@ -1,6 +1,7 @@
 """Spark jobs the driver waits for with a bound.
 
-Each job runs in a daemon thread of its own under the run's tag (classic sessions: a SparkContext
+Each job runs in a daemon thread of its own (inheriting the caller's Spark job group, pool and
+tags) under the run's tag (classic sessions: a SparkContext
 job tag; Spark Connect: a session operation tag, both thread-local). The driver waits for the first
 of its jobs to finish, never past the earliest deadline; a job still running at its deadline is
 cancelled with every other job of the tag and the wait raises `JobTimedOut`, naming the job. The
@@ -10,7 +11,6 @@ threads are daemons, so a job that ignores its cancellation never keeps the proc
 from __future__ import annotations
 
 import pickle
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
+from pyspark.util import InheritableThread
 
 from dpone_dagster.errors import RunFailed
 from dpone_dagster.spark.session import is_connect
@@ -70,7 +71,8 @@ class BoundedJobs:
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting driver
                 future.set_exception(exc)
 
-        threading.Thread(target=run, name=f"{self.tag}-job", daemon=True).start()
+        # The caller's job group, pool and tags (Dagster's, a user's) carry over to the job's thread.
+        InheritableThread(target=run, session=self.spark, name=f"{self.tag}-job", daemon=True).start()
         return Job(what, seconds, time.monotonic() + seconds, future)
 
     def first_done(self, jobs: list[Job[Any]]) -> list[Job[Any]]:

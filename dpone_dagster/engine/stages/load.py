@@ -45,9 +45,9 @@ class Delivered:
     expected: int
 
 
-def load(manifest: Manifest, messages: DataFrame, sink_config: dict, result: RunResult) -> DeliveryStats:
-    """Produce every message; any message not delivered fails the run (no state has moved)."""
-    stats = produce(messages, producer_settings(manifest, sink_config))
+def load(manifest: Manifest, messages: DataFrame, records: int, sink_config: dict, result: RunResult) -> DeliveryStats:
+    """Produce the `records` messages; any message not delivered fails the run (no state has moved)."""
+    stats = produce(messages, producer_settings(manifest, sink_config), records)
     check_delivery(manifest, stats, result)
     return stats
 
