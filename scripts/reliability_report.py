@@ -22,7 +22,8 @@ OUT = REPO / "docs" / "reliability.md"
 
 HEADER = """# Reliability: faults injected mid-run
 
-Every row is a test in `tests/test_faults.py` or `tests/test_state_faults.py` (marker `faults`)
+Every row is a test in `tests/test_faults.py`, `tests/test_state_faults.py` or
+`tests/test_direct_faults.py` (marker `faults`)
 that breaks a real part in the middle of a run (a process killed with SIGKILL, the broker frozen,
 a PostgreSQL connection terminated from another session, a full disk) on the embedded broker,
 PostgreSQL and a real Spark session, then checks the target topic's content and the stored
@@ -40,14 +41,20 @@ FOOTER = """
 - **Nothing is lost.** Offsets move only after the sink acknowledged every message they cover and
   the state store committed them; every fault above leaves them at most where the failed run had
   delivered without a gap, so the rerun sends everything after that.
-- **Duplicates are bounded by what was in flight.** Delivery is at-least-once: a run that fails
+- **Duplicates are bounded by what was open.** Delivery is at-least-once: a run that fails
   after producing is produced again by the rerun from its stored offsets. On the direct path
-  (Kafka JSON → Kafka JSON) each partition's offset is stored as its slices are delivered, so the
-  duplicates are at most the slices in flight when it stopped (task slots × `records_per_task`);
-  on the Spark SQL path the state moves once, with the whole batch, so they are at most what the
-  failed run had delivered (one run's batch; `read_mode: max_records` caps it). Under
-  `delivery: exactly_once` (replication) a failed transaction is aborted and nothing is
-  duplicated for `read_committed` readers.
+  (Kafka JSON → Kafka JSON) a slice starts only while fewer than the window (the task slots; on a
+  cluster or Spark Connect the driver's own count) are open — running, or delivered behind a
+  slower slice — and each partition's offset is stored as its slices are delivered, so the
+  duplicates are at most the window × `records_per_task`, however the slices finish (3b, 3d). A
+  batch where keep_last / keep_first left records out is stored once, whole: a rerun must see the
+  kept record again to pick it (3c). On the Spark SQL path the state moves once, with the whole
+  batch, so they are at most what the failed run had delivered (one run's batch;
+  `read_mode: max_records` caps it). Under `delivery: exactly_once` (replication) a failed
+  transaction is aborted and nothing is duplicated for `read_committed` readers.
+- **No run waits forever.** A broker that stops answering ends the run within
+  `delivery.flush_timeout_s` plus a margin, naming the cause (2, 2b); a Spark job past its bound is
+  cancelled and named.
 - **Recovery needs no hand work** except where the source itself changed in a way only a person
   can judge (a topic recreated, records removed by retention): the run then refuses to guess and
   names the command (`dpone state reset`) or the setting (`on_retention_gap: warn`).
@@ -56,7 +63,7 @@ FOOTER = """
 
 def run_suite(report: Path) -> int:
     env = {**os.environ, "DPONE_FAULT_REPORT": str(report)}
-    command = [sys.executable, "-m", "pytest", "-m", "faults", "-q", "-p", "no:cacheprovider", "tests/test_faults.py", "tests/test_state_faults.py"]
+    command = [sys.executable, "-m", "pytest", "-m", "faults", "-q", "-p", "no:cacheprovider", "tests/test_faults.py", "tests/test_state_faults.py", "tests/test_direct_faults.py"]
     return subprocess.call(command, cwd=REPO, env=env)
 
 
