@@ -66,8 +66,7 @@ class HasInstance(Protocol):
     @property
     def instance(self) -> DagsterInstance: ...
 PIPELINE_TAG = "dpone/pipeline"
-FINGERPRINT_TAG = "dpone/waiting_data"
-REQUESTED_AT_TAG = REQUESTED_AT  # when the tick decided: a window materialized since is not produced again (assets/requested.py)  # offsets mode: which stored offsets and watermarks a run was asked for
+FINGERPRINT_TAG = "dpone/waiting_data"  # offsets mode: which stored offsets and watermarks a run was asked for
 
 
 def build_source_sensor(manifest: Manifest) -> SensorDefinition | None:

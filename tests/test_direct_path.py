@@ -471,3 +471,37 @@ def test_time_windows_count_late_records_as_the_spark_sql_path_does(broker, spar
     total, late, delivered = outcomes["direct"]
     assert total == 2 and late == {"2024-03-01T00:00:00+00:00": 0, "2024-03-01T01:00:00+00:00": 2}
     assert sum(delivered.values()) == 12  # hour 2's records (02:05, 02:10, 02:30) wait for their window
+
+
+def test_a_producing_task_stops_at_its_bound_whatever_the_broker_does(monkeypatch):
+    """No Spark: the task function itself, against a broker of its own frozen with SIGSTOP. Under
+    a bound of 3 s the task ends by then, counting every message as not delivered, and purges its
+    queue: once the broker resumes, nothing more arrives. Past its bound, a task sends nothing."""
+    import signal
+
+    from conftest import consume_raw
+
+    from dpone_dagster.embedded_broker import EmbeddedBroker
+    from dpone_dagster.sinks.kafka import ProducerSettings, produce_batches
+
+    broker = EmbeddedBroker().start()
+    try:
+        bs = broker.bootstrap_servers
+        create_topic(bs, "bounded", 1)
+        batch = pa.RecordBatch.from_pydict({"key": [b"k%d" % i for i in range(1000)], "value": [b"v"] * 1000})
+        settings = ProducerSettings("bounded", (("bootstrap.servers", bs),), flush_timeout_s=120, headers_or_partitions=False)
+        os.kill(broker._process.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        [report] = list(produce_batches(settings.bounded(3), iter([batch])))
+        assert time.monotonic() - started < 6
+        rows = report.to_pylist()
+        assert sum(r["failed"] for r in rows) == 1000 and sum(r["delivered"] for r in rows) == 0
+        os.kill(broker._process.pid, signal.SIGCONT)
+        time.sleep(2)
+        assert consume_raw(bs, "bounded") == []
+        with pytest.raises(RuntimeError, match="passed its bound"):
+            list(produce_batches(settings.bounded(0), iter([batch])))
+        assert consume_raw(bs, "bounded") == []
+    finally:
+        os.kill(broker._process.pid, signal.SIGCONT)
+        broker.stop()

@@ -5,9 +5,10 @@ materialized nor in progress, never the whole history again."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from dagster import (
     AssetKey,
     AssetMaterialization,
@@ -25,7 +26,7 @@ from dpone_dagster.resources import KafkaResource, SchemaRegistryResource
 KEY = AssetKey(["automated_windows"])
 
 
-def manifest_text(state: Path, lateness_s: int = 600, catch_up: int = 24) -> str:
+def manifest_text(state: Path, lateness_s: int = 600, catch_up: int = 24, timezone: str = "UTC", cron: str = "0 * * * *") -> str:
     return f"""
 name: automated_windows
 source:
@@ -34,10 +35,10 @@ source:
   topic: src
   options:
     read_mode: time_window
-    partitions: {{granularity: hourly, start: "2024-01-01T00:00:00", allowed_lateness_seconds: {lateness_s}}}
+    partitions: {{granularity: hourly, start: "2024-01-01T00:00:00", timezone: {timezone}, allowed_lateness_seconds: {lateness_s}}}
 sink: {{type: kafka, connection_id: kafka_cluster, topic: dst}}
 state: {{type: local, path: {state}}}
-dagster: {{sensor: {{enabled: false, catch_up_windows: {catch_up}}}, automation: {{on_cron: "0 * * * *"}}}}
+dagster: {{sensor: {{enabled: false, catch_up_windows: {catch_up}}}, automation: {{on_cron: "{cron}", timezone: {timezone}}}}}
 """
 
 
@@ -54,10 +55,11 @@ class Automated:
         self.instance = DagsterInstance.ephemeral()
         self.cursor = None
 
-    def evaluate(self, hour: int, minute: int) -> list[str]:
-        result = evaluate_automation_conditions(
-            self.defs, self.instance, evaluation_time=datetime(2024, 3, 1, hour, minute, tzinfo=UTC), cursor=self.cursor
-        )
+    def evaluate(self, hour: int, minute: int, day: datetime = datetime(2024, 3, 1, tzinfo=UTC)) -> list[str]:
+        return self.evaluate_at(day.replace(hour=hour, minute=minute))
+
+    def evaluate_at(self, moment: datetime) -> list[str]:
+        result = evaluate_automation_conditions(self.defs, self.instance, evaluation_time=moment, cursor=self.cursor)
         self.cursor = result.cursor
         return sorted(k for k in result.get_requested_partitions(KEY) if k is not None)
 
@@ -103,7 +105,31 @@ def test_windows_in_progress_and_failed_ones(tmp_path):
     assert automated.evaluate(12, 5) == ["2024-03-01-10:00"]
 
 
+def test_each_window_runs_alone_under_automation(tmp_path):
+    """The automation daemon groups requested windows by the asset's backfill policy: one window per
+    run, so a window that keeps failing never holds back the newer ones."""
+    automated = Automated(manifest_text(tmp_path))
+    assert automated.asset.backfill_policy.max_partitions_per_run == 1
+
+
 def test_without_lateness_the_latest_complete_window_is_closed(tmp_path):
     automated = Automated(manifest_text(tmp_path, lateness_s=0, catch_up=2))
     automated.evaluate(9, 30)
     assert automated.evaluate(10, 1) == ["2024-03-01-08:00", "2024-03-01-09:00"]
+
+
+@pytest.mark.parametrize("first", [datetime(2024, 3, 30, 22, 0, tzinfo=UTC), datetime(2024, 10, 26, 22, 0, tzinfo=UTC)])
+def test_no_window_is_requested_before_it_closes_across_a_daylight_saving_change(tmp_path, first):
+    """Europe/Berlin hourly windows, lateness 300 s, a tick every 10 minutes through the night the
+    clocks change: every window requested has ended at least the lateness before the tick."""
+    automated = Automated(manifest_text(tmp_path, lateness_s=300, catch_up=3, timezone="Europe/Berlin", cron="*/10 * * * *"))
+    partitions_def = partitions_def_for(automated.manifest)
+    requested = []
+    for step in range(0, 8 * 6):
+        moment = first + timedelta(minutes=10 * step)
+        for key in automated.evaluate_at(moment):
+            window = partitions_def.time_window_for_partition_key(key)
+            assert window.end + timedelta(seconds=300) <= moment, f"{key} requested at {moment}, open until {window.end}"
+            requested.append(key)
+        automated.materialized(requested[-3:])
+    assert len(set(requested)) >= 6  # the night's windows were requested, late by at most two windows

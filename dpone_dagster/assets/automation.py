@@ -17,7 +17,8 @@ next one: late by at most one window, never early.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 from dagster import AutomationCondition, TimeWindowPartitionsDefinition
 
@@ -34,7 +35,9 @@ def automation_condition(manifest: Manifest) -> AutomationCondition | None:
     settings, partitions_def = partition_settings(manifest), partitions_def_for(manifest)
     if settings is None or partitions_def is None:
         return (tick & ~AutomationCondition.in_progress()).with_label(label)
-    lateness = timedelta(seconds=settings.allowed_lateness_seconds)
+    # Dagster takes the look-back in wall-clock time of the partitions' zone: across a daylight
+    # saving change it is an hour short, so zones that change keep an hour more.
+    lateness = timedelta(seconds=settings.allowed_lateness_seconds) + (timedelta(hours=1) if changes_offset(settings.timezone) else timedelta(0))
     length = window_length(partitions_def)
     catch_up = manifest.dagster.sensor.catch_up_windows
     # Dagster's `in_latest_time_window(d)`: the windows that start at or after (end of the latest
@@ -62,3 +65,10 @@ def window_length(partitions_def: TimeWindowPartitionsDefinition, sample: int = 
         longest = max(longest, window.end - window.start)
         start = window.end
     return longest
+
+
+def changes_offset(timezone: str) -> bool:
+    """Whether the zone's UTC offset changes during the year (daylight saving)."""
+    zone = ZoneInfo(timezone)
+    year = datetime.now(UTC).year
+    return len({datetime(year, month, 1, tzinfo=zone).utcoffset() for month in range(1, 13)}) > 1

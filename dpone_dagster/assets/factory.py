@@ -100,8 +100,7 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None, 
     @multi_asset(
         name=manifest.name,
         specs=[spec],
-        # A range backfill reads all its windows in one run; offsets are recorded per key.
-        backfill_policy=BackfillPolicy.single_run() if partitions_def else None,
+        backfill_policy=_backfill_policy(manifest) if partitions_def else None,
         # One slot per pool (dagster.yaml): runs that share offsets (one pipeline, or one topic and
         # consumer group) never overlap.
         pool=dagster_pool(manifest),
@@ -148,6 +147,14 @@ def build_manifest_asset(manifest: Manifest, manifest_path: Path | None = None, 
         yield MaterializeResult(metadata=metadata)
 
     return _materialize
+
+
+def _backfill_policy(manifest: Manifest) -> BackfillPolicy:
+    """A range backfill reads all its windows in one run (offsets are recorded per key). Under
+    declarative automation each window runs alone: the automation daemon would group the missing
+    windows into one range run, which a single window that keeps failing (its data, retention)
+    would fail at every tick, holding back every newer window."""
+    return BackfillPolicy.multi_run(1) if manifest.dagster.automation is not None else BackfillPolicy.single_run()
 
 
 def window_metadata(keys: list[str], result: RunResult) -> dict[str, Any]:

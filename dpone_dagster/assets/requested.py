@@ -13,16 +13,23 @@ from __future__ import annotations
 
 from dagster import AssetExecutionContext, AssetKey, AssetRecordsFilter
 
-# Tags Dagster puts on the runs its sensors (the automation condition sensor too) and schedules launch.
-AUTOMATIC_TAGS = ("dagster/sensor_name", "dagster/schedule_name")
+# Tags Dagster puts on the runs its sensors (the automation condition sensor too), schedules and
+# asset daemon launch; a person's re-execution of such a run keeps them but has no retry number.
+AUTOMATIC_TAGS = ("dagster/sensor_name", "dagster/schedule_name", "dagster/auto_materialize")
+PARENT_RUN = "dagster/parent_run_id"
+ROOT_RUN = "dagster/root_run_id"
+RETRY_NUMBER = "dagster/retry_number"  # Dagster's own run retries
 # When this project's sensor or schedule decided a request (epoch seconds); other runs: when created.
 REQUESTED_AT = "dpone/requested_at"
 
 
 def superseded(context: AssetExecutionContext, asset_key: AssetKey, keys: list[str]) -> str | None:
     """Why this automatic run of window(s) `keys` must not produce, or None."""
-    if not keys or not any(tag in context.run.tags for tag in AUTOMATIC_TAGS):
+    tags = context.run.tags
+    if not keys or not any(tag in tags for tag in AUTOMATIC_TAGS):
         return None
+    if PARENT_RUN in tags and RETRY_NUMBER not in tags:
+        return None  # re-executed by a person from the UI
     requested_at = _requested_at(context)
     if requested_at is None:
         return None
@@ -40,11 +47,14 @@ def superseded(context: AssetExecutionContext, asset_key: AssetKey, keys: list[s
 
 
 def _requested_at(context: AssetExecutionContext) -> float | None:
-    tagged = context.run.tags.get(REQUESTED_AT)
+    """When the request was decided: the tick's time tagged by this project's sensor and schedule
+    (retries keep the tag), else when the first run of the request (a retry's root) was created."""
+    tags = context.run.tags
+    tagged = tags.get(REQUESTED_AT)
     if tagged is not None:
         try:
             return float(tagged)
         except ValueError:
             pass
-    record = context.instance.get_run_record_by_id(context.run_id)
+    record = context.instance.get_run_record_by_id(tags.get(ROOT_RUN, context.run_id))
     return record.create_timestamp.timestamp() if record is not None else None

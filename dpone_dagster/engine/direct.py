@@ -55,7 +55,7 @@ from dpone_dagster.quality.gates import check_stage
 from dpone_dagster.sinks import kafka_messages
 from dpone_dagster.sources.kafka import KafkaBatchSource
 from dpone_dagster.spark import arrow_json
-from dpone_dagster.spark.jobs import MARGIN_S, BoundedJobs, deadline_s
+from dpone_dagster.spark.jobs import MARGIN_S, BoundedJobs, deadline_s, waves
 from dpone_dagster.spark.session import is_connect
 from dpone_dagster.spark.slots import local_task_slots, produce_slots
 
@@ -123,12 +123,14 @@ def copy(
     slices = [(t.topic, t.partition, t.start, t.end) for t in tasks]
     groups = [[slices[i] for i in group] for group in pack_tasks(tasks, local_task_slots(spark))]
     jobs = BoundedJobs(spark, result.run_id)
+    slots = produce_slots(spark)
     largest = max(sum(p[3] - p[2] for p in group) for group in groups)
+    read_bound = deadline_s(largest, READ_WAIT_S, waves(len(groups), slots))
     judged, noted = len(result.gates), len(result.notes)
     try:
         with stage(result, "extract", log):
             log(f"extract: {len(tasks)} slice(s) in {len(groups)} Spark task(s) over {boundary.total} offsets (direct path)")
-            reports, found = _scan(spark, jobs, settings, groups, deadline_s(largest, READ_WAIT_S))
+            reports, found = _scan(spark, jobs, settings, groups, read_bound)
             refused = next((r.refused for r in reports if r.refused), None)
             if refused is not None:
                 raise _ToSparkSql(refused)
@@ -138,7 +140,7 @@ def copy(
         rows = result.rows_extracted = sum(r.rows for r in reports)
         _gates(manifest, spark, planned, result, rows, "quality_pre", "extracted", log)
         with stage(result, "shape", log):
-            skip, removed = _settle_repeated_keys(manifest, spark, jobs, settings, groups, found, deadline_s(largest, READ_WAIT_S))
+            skip, removed = _settle_repeated_keys(manifest, spark, jobs, settings, groups, found, read_bound)
             _gates(manifest, spark, planned, result, rows - removed, "quality_published", "published", log)
     except _ToSparkSql as exc:
         _remove_spills(spark, jobs, settings, groups)
@@ -160,12 +162,12 @@ def copy(
     checkpoint = storing_rule(manifest, planned.checkpoint, removed, result)
     try:
         with stage(result, "load", log):
-            rows_of_stats = produce_all(jobs, produce_slots(spark), settings, producer, groups, skip, boundary, checkpoint, log, result)
-    except BaseException:
+            rows_of_stats = produce_all(jobs, slots, settings, producer, groups, skip, boundary, checkpoint, log, result)
+        stats = aggregate(rows_of_stats)
+        check_delivery(manifest, stats, result)
+    except BaseException:  # the slices never produced keep their spill files until removed here
         _remove_spills(spark, jobs, settings, groups)
         raise
-    stats = aggregate(rows_of_stats)
-    check_delivery(manifest, stats, result)
     return Delivered(stats, rows - removed)
 
 

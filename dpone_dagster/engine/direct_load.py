@@ -25,11 +25,12 @@ from dpone_dagster.direct import task
 from dpone_dagster.direct.progress import Slice, SliceSchedule
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.timing import Log
+from dpone_dagster.errors import RunFailed
 from dpone_dagster.kafka.boundary import Boundary
 from dpone_dagster.kafka.delivery import aggregate
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.sinks.kafka import ProducerSettings
-from dpone_dagster.spark.jobs import BoundedJobs, Job, deadline_s, in_tasks
+from dpone_dagster.spark.jobs import BoundedJobs, Job, deadline_s, in_tasks, waves
 
 Checkpoint = Callable[[dict[int, int]], None]
 Skip = dict[int, np.ndarray]  # source offsets left out, per partition
@@ -71,11 +72,10 @@ def produce_all(
         )
         return _slice_by_slice(jobs, window, settings, producer, pieces, skip, boundary, checkpoint, log)
     largest = max(sum(p[3] - p[2] for p in group) for group in groups)
+    seconds = deadline_s(largest, producer.flush_timeout_s, waves(len(groups), window))
+    bounded = producer.bounded(seconds)
     produced = jobs.in_tasks(
-        groups,
-        lambda g: produce_rows(settings, producer, g, skip),
-        deadline_s(largest, producer.flush_timeout_s),
-        f"the produce of {len(pieces)} slice(s) to '{producer.topic}'",
+        groups, lambda g: produce_rows(settings, bounded, g, skip), seconds, f"the produce of {len(pieces)} slice(s) to '{producer.topic}'"
     )
     return [row for rows_of_task in produced for row in rows_of_task]
 
@@ -111,9 +111,11 @@ def _slice_by_slice(
         while True:
             piece = schedule.next()
             while piece is not None:
+                seconds = deadline_s(piece[3] - piece[2], producer.flush_timeout_s)
+                bounded = producer.bounded(seconds)
                 job = jobs.start(
-                    lambda piece=piece: in_tasks(spark, [[piece]], lambda g: produce_rows(settings, producer, g, skip))[0],
-                    deadline_s(piece[3] - piece[2], producer.flush_timeout_s),
+                    lambda piece=piece, bounded=bounded: in_tasks(spark, [[piece]], lambda g: produce_rows(settings, bounded, g, skip))[0],
+                    seconds,
                     f"the produce of {piece[0]}[{piece[1]}] offsets {piece[2]}-{piece[3]}",
                 )
                 running[job.future] = (piece, job)
@@ -136,10 +138,14 @@ def _slice_by_slice(
                 if moved:
                     checkpoint(moved)
                     log(f"load: {piece[0]}[{piece[1]}] delivered up to offset {moved[piece[1]]}; stored")
-    except BaseException:  # the state store failed, a job timed out, or the run was interrupted
+    except BaseException as exc:  # the state store failed, a job timed out, or the run was interrupted
         schedule.stop()
         jobs.cancel()
+        if failure is not None and exc is not failure:
+            raise exc from failure  # the first failure stays in the chain
         raise
     if failure is not None:
         raise failure
+    if not schedule.done and aggregate(rows).ok:  # a stop always has a cause; never commit without one
+        raise RunFailed(f"the produce stopped with slices of '{producer.topic}' left; no state was advanced past them")
     return rows

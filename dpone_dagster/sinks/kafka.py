@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -33,14 +33,26 @@ class ProducerSettings:
     # False when no message has headers or an explicit partition: only keys and values are
     # handed to the tasks (the two other columns cost the JVM's Arrow writer per row).
     headers_or_partitions: bool = True
+    # Epoch seconds after which a task sends nothing more (its job's bound, spark/jobs.py): a task
+    # the driver gave up on (a lost executor, a Connect operation its client left) cannot publish
+    # after a rerun has moved on. None: no such bound.
+    deadline_epoch_s: float | None = None
+
+    def bounded(self, seconds: float) -> ProducerSettings:
+        """These settings for a job the driver waits for at most `seconds` from now: the tasks stop a
+        little earlier, so their own error, not the driver's time-out, names the cause."""
+        return replace(self, deadline_epoch_s=time.time() + seconds - min(5.0, seconds / 10))
 
 
 def produce(messages: DataFrame, settings: ProducerSettings, records: int) -> DeliveryStats:
     """Produce every message to `settings.topic`, one confluent-kafka producer per Spark task; the
     driver waits at most the bound of a job of `records` messages (spark/jobs.py)."""
 
+    seconds = deadline_s(records, settings.flush_timeout_s)
+    bounded = settings.bounded(seconds)
+
     def produce_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from produce_batches(settings, batches)
+        yield from produce_batches(bounded, batches)
 
     if settings.headers_or_partitions:
         # Null header lists cost the JVM → Arrow transfer ~6x more than empty ones (measured).
@@ -53,7 +65,7 @@ def produce(messages: DataFrame, settings: ProducerSettings, records: int) -> De
         handed = handed.coalesce(slots)  # one producer per task slot: one start, one flush wait each
     stats = handed.mapInArrow(produce_task, STATS_COLUMNS)
     jobs = BoundedJobs(messages.sparkSession, f"produce-{uuid.uuid4().hex}")
-    rows = jobs.run(stats.collect, deadline_s(records, settings.flush_timeout_s), f"the produce of {records} message(s) to '{settings.topic}'")
+    rows = jobs.run(stats.collect, seconds, f"the produce of {records} message(s) to '{settings.topic}'")
     return aggregate(row.asDict() for row in rows)
 
 
@@ -129,10 +141,11 @@ def produce_batches(settings: ProducerSettings, batches: Iterator[pa.RecordBatch
     delivery fails, so produced equals delivered when the counts are used)."""
     from confluent_kafka import Producer
 
-    producer = Producer(dict(settings.config))
+    producer = Producer(_bounded_config(settings))
     report = _TaskReport()
     topic, on_delivery, produce = settings.topic, report.on_delivery, producer.produce
     for batch in batches:
+        _check_deadline(producer, settings)
         key_column, value_column = batch.column("key"), batch.column("value")
         report.bytes += _total_length(key_column) + _total_length(value_column)
         report.tombstones += value_column.null_count
@@ -143,7 +156,7 @@ def produce_batches(settings: ProducerSettings, batches: Iterator[pa.RecordBatch
                 try:  # the common case inline: one Python call per message
                     produce(topic, value, key, on_delivery=on_delivery)
                 except BufferError:
-                    _produce(producer, topic, key, value, on_delivery, settings.flush_timeout_s)
+                    _produce(producer, topic, key, value, on_delivery, settings)
         else:
             headers, partitions = batch.column("headers").to_pylist(), batch.column("partition").to_pylist()
             for (key, value), header, partition in zip(rows, headers, partitions, strict=True):
@@ -152,26 +165,57 @@ def produce_batches(settings: ProducerSettings, batches: Iterator[pa.RecordBatch
                     extra["headers"] = [(h["key"], h["value"]) for h in header]
                 if partition is not None and partition >= 0:
                     extra["partition"] = partition
-                _produce(producer, topic, key, value, on_delivery, settings.flush_timeout_s, **extra)
+                _produce(producer, topic, key, value, on_delivery, settings, **extra)
         producer.poll(0)
-    remaining = producer.flush(settings.flush_timeout_s)
+    flush_s = settings.flush_timeout_s
+    if settings.deadline_epoch_s is not None:
+        flush_s = max(0.0, min(flush_s, settings.deadline_epoch_s - time.time()))
+    remaining = producer.flush(flush_s)
     if remaining:
-        report.failed += remaining
         report.first_error = report.first_error or (
-            f"{topic}: {remaining} message(s) not delivered within flush timeout {settings.flush_timeout_s}s"
+            f"{topic}: {remaining} message(s) not delivered within flush timeout {flush_s:.0f}s (delivery.flush_timeout_s)"
         )
+        producer.purge()  # what is still queued is never sent, nor sent after this task ended
+        producer.flush(1)  # serves the purged messages' reports: counted as failed
+        report.failed += len(producer)  # any report still missing
     yield report.rows(_executor_id())
 
 
-def _produce(producer: Any, topic: str, key: Any, value: Any, on_delivery: Any, give_up_s: float, **extra: Any) -> None:
+def _bounded_config(settings: ProducerSettings) -> dict[str, Any]:
+    """The producer's settings; under a deadline librdkafka itself gives up on a message by then."""
+    config = dict(settings.config)
+    if settings.deadline_epoch_s is None:
+        return config
+    left_ms = max(1_000, int((settings.deadline_epoch_s - time.time()) * 1000))
+    for name in ("message.timeout.ms", "delivery.timeout.ms"):
+        if name in config:
+            config[name] = min(int(config[name]) or left_ms, left_ms)
+    if "message.timeout.ms" not in config and "delivery.timeout.ms" not in config:
+        config["message.timeout.ms"] = min(300_000, left_ms)  # librdkafka's default, or less
+    return config
+
+
+def _check_deadline(producer: Any, settings: ProducerSettings) -> None:
+    if settings.deadline_epoch_s is not None and time.time() > settings.deadline_epoch_s:
+        producer.purge()
+        raise RuntimeError(
+            f"{settings.topic}: the task passed its bound (the driver no longer waits for it); it stopped "
+            "producing and dropped what it had queued"
+        )
+
+
+def _produce(producer: Any, topic: str, key: Any, value: Any, on_delivery: Any, settings: ProducerSettings, **extra: Any) -> None:
     """Produce one message; on a full local queue serve delivery reports until there is room, for
-    at most `give_up_s` without a single report (the broker acknowledges nothing: raise, naming it)."""
+    at most delivery.flush_timeout_s without a single report (the broker acknowledges nothing:
+    raise, naming it) and never past the task's deadline."""
+    give_up_s = settings.flush_timeout_s
     waited_since = None
     while True:
         try:
             producer.produce(topic, value, key, on_delivery=on_delivery, **extra)
             return
         except BufferError:
+            _check_deadline(producer, settings)
             if producer.poll(0.05):
                 waited_since = None
                 continue

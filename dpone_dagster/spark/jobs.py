@@ -34,10 +34,15 @@ MARGIN_S = 60.0
 FLOOR_RECORDS_PER_S = 200.0
 
 
-def deadline_s(records_per_task: int, broker_wait_s: float) -> float:
+def deadline_s(records_per_task: int, broker_wait_s: float, waves: int = 1) -> float:
     """The bound of a job whose tasks each handle at most `records_per_task` records and may
-    wait up to `broker_wait_s` on the broker (pure)."""
-    return broker_wait_s + MARGIN_S + records_per_task / FLOOR_RECORDS_PER_S
+    wait up to `broker_wait_s` on the broker, run in `waves` rounds of the task slots (pure)."""
+    return max(1, waves) * (broker_wait_s + MARGIN_S + records_per_task / FLOOR_RECORDS_PER_S)
+
+
+def waves(tasks: int, slots: int) -> int:
+    """Rounds of `slots` task slots that `tasks` tasks take (pure)."""
+    return max(1, -(-tasks // max(1, slots)))
 
 
 class JobTimedOut(RunFailed):
@@ -93,9 +98,13 @@ class BoundedJobs:
                 return [j for j in jobs if j.future in finished]
 
     def run(self, work: Callable[[], T], seconds: float, what: str) -> T:
-        """One job, waited for with its bound."""
+        """One job, waited for with its bound; cancelled when the wait is interrupted."""
         job = self.start(work, seconds, what)
-        self.first_done([job])
+        try:
+            self.first_done([job])
+        except BaseException:  # a time-out (cancelled already) or the run interrupted
+            self.cancel()
+            raise
         return job.future.result()
 
     def in_tasks(self, groups: list[G], work: Callable[[G], T], seconds: float, what: str) -> list[T]:
