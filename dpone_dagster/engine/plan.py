@@ -77,7 +77,7 @@ def _boundary_method(manifest: Manifest) -> str:
     ]
     if manifest.sink.strategy.mode in ("full_refresh", "replace") and o.start_from == "stored":
         start = "log start (full_refresh/replace ignore stored offsets)"
-    end = "verified high watermark fixed before reading"
+    end = "end a read_committed reader reaches (last stable offset: an open transaction's records wait), verified by a fetch and fixed before reading"
     if o.read_mode == "max_records":
         end += f", capped at {o.max_records} offsets shared across partitions"
     return f"[{start}, {end})"
@@ -97,8 +97,30 @@ def _sink_section(manifest: Manifest, probe: bool = False) -> dict[str, Any]:
         "delivery": {"mode": o.delivery.mode, "producer": settings},
         "deletes": o.deletes.model_dump(),
         "headers": o.headers.model_dump(),
-        "create_topic": o.create_topic.model_dump(),
+        "create_topic": _creation(o.create_topic.model_dump()),
+        **({"replication": _replication_section(manifest)} if o.delivery.mode == "exactly_once" else {}),
     }
+
+
+def _replication_section(manifest: Manifest) -> dict[str, Any]:
+    from dpone_dagster.replication.control_topic import commit_group_of
+
+    replication = manifest.sink.options.replication
+    control = replication.control_topic
+    group = commit_group_of(manifest)
+    return {
+        **replication.model_dump(exclude={"control_topic"}),
+        "control_topic": _creation({**control.model_dump(), "commit_group": group}),
+        "transactional_ids": f"dpone-{group}-<source topic>-<partition> (one per source partition: "
+        "any other run committing this commit group's offsets is fenced)",
+    }
+
+
+def _creation(settings: dict[str, Any]) -> dict[str, Any]:
+    """Topic creation settings, with what replication_factor -1 means spelled out."""
+    if settings.get("replication_factor") == -1:
+        settings = {**settings, "replication_factor": "-1 (the cluster's default.replication.factor)"}
+    return settings
 
 
 def _schema_section(manifest: Manifest) -> dict[str, Any]:

@@ -57,24 +57,34 @@ def topic_partitions(consumer: Consumer, topic: str, timeout_s: float = 10.0) ->
 def verified_watermarks(
     consumer: Consumer, topic: str, partitions: Iterable[int], timeout_s: float = 30.0
 ) -> dict[int, Watermarks]:
-    """Low/high watermarks per partition, the high one confirmed by a fetch at the reported end."""
+    """Low watermark and end offset per partition: the end is where this consumer's read reaches
+    its end of partition, read forward from the reported end. For a read_committed consumer (the
+    default, and every read of this project's sources) that is the last stable offset: records of
+    a transaction still open are beyond it, and a range planned up to the high watermark could
+    never be read to its end while the transaction stays open. Reading forward also corrects a
+    broker whose offset listing under-reports."""
     reported: dict[int, Watermarks] = {}
     for p in partitions:
         low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
         reported[p] = Watermarks(low, max(low, high))
     if not reported:
         return {}
+    ends = {p: wm.high for p, wm in reported.items()}
     consumer.assign([TopicPartition(topic, p, wm.high) for p, wm in reported.items()])
     pending = set(reported)
     deadline = time.monotonic() + timeout_s
     try:
         while pending and time.monotonic() < deadline:
-            for message in consumer.consume(num_messages=len(pending) * 10, timeout=POLL_S):
+            for message in consumer.consume(num_messages=1000, timeout=POLL_S):
                 err = message.error()
-                if err is not None and err.code() != KafkaError._PARTITION_EOF:
-                    raise RunFailed(f"{topic}[{message.partition()}]: fetch failed while verifying the end offset: {err}")
-                # A record or an EOF: either way the fetch response updated the cached watermarks.
-                pending.discard(message.partition())
+                partition = message.partition()
+                if err is None:
+                    ends[partition] = max(ends[partition], message.offset() + 1)
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    ends[partition] = max(ends[partition], message.offset())
+                    pending.discard(partition)
+                else:
+                    raise RunFailed(f"{topic}[{partition}]: fetch failed while verifying the end offset: {err}")
     finally:
         consumer.unassign()
     if pending:
@@ -82,11 +92,7 @@ def verified_watermarks(
             f"{topic}: could not confirm the end offset of partitions {sorted(pending)} within {timeout_s}s; "
             "check broker health and retry"
         )
-    verified: dict[int, Watermarks] = {}
-    for p, wm in reported.items():
-        _, fetched_high = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
-        verified[p] = Watermarks(wm.low, max(wm.high, fetched_high))
-    return verified
+    return {p: Watermarks(wm.low, ends[p]) for p, wm in reported.items()}
 
 
 class RecordProbe:

@@ -15,7 +15,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ConnectionType = Literal["env", "params", "airflow", "vault"]
 MessageFormat = Literal["json", "json_schema", "avro", "protobuf"]
@@ -260,6 +260,15 @@ class HeaderOptions(StrictModel):
     replicate_source: bool = False
 
 
+def _replicas(value: int) -> int:
+    if value == 0 or value < -1:
+        raise ValueError("is not a replica count: use -1 for the cluster's default.replication.factor, or 1 or more")
+    return value
+
+
+Replicas = Annotated[int, AfterValidator(_replicas)]
+
+
 class ControlTopicOptions(StrictModel):
     """Compacted topic on the TARGET cluster holding replicated source offsets (exactly_once)."""
 
@@ -268,7 +277,9 @@ class ControlTopicOptions(StrictModel):
     commit_group: str | None = None
     create: bool = True
     partitions: int = Field(default=1, gt=0)
-    replication_factor: int = Field(default=1, gt=0)
+    # -1: the cluster's default.replication.factor. One replica would lose the committed offsets
+    # with its broker and refuse every transaction under min.insync.replicas 2.
+    replication_factor: Replicas = -1
 
 
 class ReplicationOptions(StrictModel):
@@ -301,7 +312,7 @@ class ReplicationOptions(StrictModel):
 class TopicCreation(StrictModel):
     enabled: bool = False
     partitions: int = Field(default=1, gt=0)
-    replication_factor: int = Field(default=1, gt=0)
+    replication_factor: Replicas = -1  # -1: the cluster's default.replication.factor
     configs: dict[str, str] = Field(default_factory=dict)
 
 

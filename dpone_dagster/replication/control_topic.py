@@ -166,6 +166,25 @@ def fold_records(
     return {pk: entry for pk, entry in latest.items() if entry.offset >= 0}
 
 
+def target_conflict(topic: str, partition: int, entry: ControlEntry, target_topic: str, commit_group: str) -> str | None:
+    """Why `entry` cannot be the start of a copy into `target_topic`, or None (pure).
+
+    An offset counts only for the target it was committed with: after a change of the topic
+    mapping it says nothing of the new target, which would otherwise stay empty while the run
+    reports success. Starting the new target from the beginning under the same key would in turn
+    copy into the old one a second time if the mapping were changed back, so the run refuses;
+    records written before targets were recorded (no `target_topic`) count for any target."""
+    committed_for = entry.value.get("target_topic")
+    if committed_for in (None, target_topic):
+        return None
+    return (
+        f"{topic}[{partition}]: the control topic holds offset {entry.offset} of commit group '{commit_group}' "
+        f"for target topic '{committed_for}', but the topic mapping now sends it to '{target_topic}'. To copy "
+        f"into '{target_topic}' from the start, give it a commit group of its own "
+        "(sink.options.replication.control_topic.commit_group); to continue the old copy, restore the mapping"
+    )
+
+
 # --------------------------------------------------------------------------- IO
 
 

@@ -45,6 +45,7 @@ from dpone_dagster.replication.control_topic import (
     control_partition,
     offset_record,
     read_control_topic,
+    target_conflict,
 )
 from dpone_dagster.replication.mapping import record_headers, target_partition, tracing_headers
 
@@ -74,6 +75,10 @@ class FatalTransactionError(ReplicationError):
 
 class IncompleteRead(ReplicationError):
     """The source partition could not be read up to the planned end offset."""
+
+
+class TargetChanged(ReplicationError):
+    """The committed offset belongs to another target topic (the topic mapping changed)."""
 
 
 class TransactionAbortable(ReplicationError):
@@ -163,8 +168,10 @@ class ReplicationSpec:
 
     @property
     def transactional_id(self) -> str:
-        # Stable per pipeline and source partition: a retried or zombie task reuses it and is fenced.
-        return f"dpone-{self.pipeline}-{self.source_topic}-{self.source_partition}"
+        # Stable per commit group and source partition, the key its offsets are committed under: a
+        # retried or zombie task reuses it and is fenced, and so is any other pipeline committing
+        # the same offsets (a rename, a blue/green switch sharing the commit group).
+        return f"dpone-{self.commit_group}-{self.source_topic}-{self.source_partition}"
 
 
 # --------------------------------------------------------------------------- transactional producer
@@ -517,7 +524,12 @@ def committed_offset(spec: ReplicationSpec) -> int | None:
         timeout_s=spec.transaction_timeout_ms / 1000 + READ_MARGIN_S,
     )
     entry = entries.get((spec.source_topic, spec.source_partition))
-    return entry.offset if entry is not None else None
+    if entry is None:
+        return None
+    conflict = target_conflict(spec.source_topic, spec.source_partition, entry, spec.target_topic, spec.commit_group)
+    if conflict is not None:  # the plan checked it; a concurrent change of the mapping lands here
+        raise TargetChanged(conflict)
+    return entry.offset
 
 
 def replicate_range(spec: ReplicationSpec) -> dict[str, Any]:

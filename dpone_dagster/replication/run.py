@@ -27,11 +27,13 @@ from dpone_dagster.replication.control_topic import (
     commit_group_of,
     ensure_control_topic,
     snapshot_control_topic,
+    target_conflict,
 )
 from dpone_dagster.replication.eos_task import QUEUE_KBYTES, ReplicationSpec, run_task
 from dpone_dagster.replication.mapping import resolve_source_topics, resolve_targets, target_partition
 from dpone_dagster.replication.plan import PartitionPlan, plan_partitions
-from dpone_dagster.spark.jobs import BoundedJobs, JobTimedOut, deadline_s
+from dpone_dagster.spark.jobs import BoundedJobs, JobTimedOut, deadline_s, waves
+from dpone_dagster.spark.slots import produce_slots
 
 Log = Callable[[str], None]
 
@@ -236,12 +238,20 @@ def plan_replication(
 
     if create:
         control_partitions: int | None = ensure_control_topic(target_config, control, log)
-        target_partitions = _ensure_targets(manifest, target_config, targets, partitions)
     else:
         control_partitions, target_partitions = _existing_target_layout(target_config, control.name, targets, notes)
     snapshot = snapshot_control_topic(
         target_config, control.name, commit_group, sources, DRIVER_CONTROL_WAIT_S, missing_ok=not create
     )
+    conflicts = [
+        conflict
+        for (topic, partition), entry in sorted(snapshot.entries.items())
+        if (conflict := target_conflict(topic, partition, entry, targets[topic], commit_group)) is not None
+    ]
+    if conflicts:  # refused before a target topic is created or anything is read
+        raise ConfigError("; ".join(conflicts[:3]) + (f" (and {len(conflicts) - 3} more)" if len(conflicts) > 3 else ""))
+    if create:
+        target_partitions = _ensure_targets(manifest, target_config, targets, partitions)
     if not snapshot.complete:
         notes.append(
             f"control topic '{control.name}' has an open transaction (a running or crashed task); planned starts "
@@ -426,7 +436,8 @@ def _run_tasks(spark: SparkSession, specs: list[ReplicationSpec]) -> list[Partit
     broker_wait_s = max(spec.init_timeout_s + spec.transaction_timeout_ms / 1000 for spec in specs)
     jobs = BoundedJobs(spark, specs[0].run_id)
     try:
-        rows = jobs.run(tasks.collect, deadline_s(largest, broker_wait_s), f"the replication of {len(specs)} partition(s)")
+        seconds = deadline_s(largest, broker_wait_s, waves(len(specs), produce_slots(spark)))
+        rows = jobs.run(tasks.collect, seconds, f"the replication of {len(specs)} partition(s)")
     except JobTimedOut:
         raise
     except Exception as exc:
