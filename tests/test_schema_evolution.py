@@ -269,3 +269,101 @@ def test_type_relations():
     assert promotes(DecimalType(10, 2), DecimalType(12, 2))
     assert not promotes(LongType(), DoubleType()) and not promotes(DecimalType(10, 2), DecimalType(12, 3))
     assert fits(IntegerType(), DecimalType(12, 2)) and not fits(LongType(), DecimalType(12, 2))
+
+
+# --------------------------------------------------------------------------- Avro: evolve the registered schema
+
+REGISTERED = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "com.acme",
+    "doc": "as the shop registered it",
+    "fields": [
+        {"name": "id", "type": "long", "doc": "order number"},
+        {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID"]}},
+        {"name": "created", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "qty", "type": ["null", "int"], "default": None},
+        {"name": "channel", "type": "string", "default": "web"},
+        {"name": "ship", "type": ["null", {"type": "record", "name": "Ship", "fields": [{"name": "city", "type": "string"}]}],
+         "default": None},
+        {"name": "bill", "type": ["null", "Ship"], "default": None},
+    ],
+}
+
+
+def _evolve(source: StructType, compatibility: str = "BACKWARD") -> tuple[EvolutionPlan, dict]:
+    from dpone_dagster.schema.avro import avro_to_spark
+    from dpone_dagster.schema.avro_evolution import evolve_avro_schema
+
+    plan = plan_evolution(source, avro_to_spark(REGISTERED), compatibility)
+    return plan, evolve_avro_schema(REGISTERED, plan.result_schema)
+
+
+def test_avro_evolution_keeps_the_registered_schema_and_appends_new_fields():
+    from pyspark.sql.types import TimestampType
+
+    source = struct(("id", LongType()), ("status", StringType()), ("created", TimestampType()), ("qty", LongType()),
+                    ("ship", struct(("city", StringType()), ("zip", StringType()))), ("coupon", StringType()))
+    plan, evolved = _evolve(source)
+    assert ("widen", "qty") in kinds(plan) and ("add", "coupon") in kinds(plan)
+    assert {k: evolved[k] for k in ("name", "namespace", "doc")} == {"name": "Order", "namespace": "com.acme", "doc": REGISTERED["doc"]}
+    fields = {f["name"]: f for f in evolved["fields"]}
+    assert [f["name"] for f in evolved["fields"]] == [f["name"] for f in REGISTERED["fields"]] + ["coupon"]
+    for unchanged in ("id", "status", "created", "channel", "bill"):
+        assert fields[unchanged] == next(f for f in REGISTERED["fields"] if f["name"] == unchanged)
+    assert fields["qty"] == {"name": "qty", "type": ["null", "long"], "default": None}  # widened in place
+    ship = fields["ship"]["type"][1]
+    assert ship["name"] == "Ship" and ship["fields"][1] == {"name": "zip", "type": ["null", "string"], "default": None}
+    assert fields["coupon"] == {"name": "coupon", "type": ["null", "string"], "default": None}
+
+
+def test_avro_evolution_made_nullable_under_none_takes_a_null_default():
+    source = struct(("id", LongType()), ("status", StringType()))
+    plan, evolved = _evolve(source, "NONE")
+    created = next(f for f in evolved["fields"] if f["name"] == "created")
+    assert created == {"name": "created", "type": ["null", {"type": "long", "logicalType": "timestamp-millis"}], "default": None}
+
+
+# Pairs (reader, writer) the project's Avro check and the Apache `avro` package must judge alike.
+_ENUM = {"type": "enum", "name": "S", "symbols": ["A", "B"]}
+_FIXED = {"type": "fixed", "name": "F", "size": 4}
+_PAIRS = [
+    ("long", "int"), ("int", "long"), ("double", "float"), ("float", "long"), ("string", "bytes"), ("bytes", "string"),
+    ("string", _ENUM), (_ENUM, "string"), (_ENUM, {**_ENUM, "symbols": ["A"]}), ({**_ENUM, "symbols": ["A"]}, _ENUM),
+    ({**_ENUM, "symbols": ["A"], "default": "A"}, _ENUM), ({**_ENUM, "name": "T"}, _ENUM),
+    (_FIXED, {**_FIXED, "size": 5}), ("bytes", _FIXED), (_FIXED, _FIXED),
+    (["null", "long"], "int"), (["null", "int"], ["null", "long"]), (["null", "long", "string"], ["null", "int"]),
+    ({"type": "array", "items": "long"}, {"type": "array", "items": "int"}), ({"type": "map", "values": "int"}, {"type": "map", "values": "long"}),
+    ({"type": "long", "logicalType": "timestamp-micros"}, {"type": "long", "logicalType": "timestamp-millis"}),
+]
+
+
+@pytest.mark.parametrize(("reader", "writer"), _PAIRS, ids=[f"pair{i}" for i in range(len(_PAIRS))])
+def test_avro_read_check_agrees_with_the_apache_avro_package(reader, writer):
+    import json
+
+    import avro.schema
+    from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
+
+    from dpone_dagster.schema.avro_compat import read_issues
+
+    def record(node, name="R"):
+        return {"type": "record", "name": name, "fields": [{"name": "x", "type": node}]}
+
+    apache = ReaderWriterCompatibilityChecker().get_compatibility(
+        avro.schema.parse(json.dumps(record(reader))), avro.schema.parse(json.dumps(record(writer)))
+    )
+    ours = read_issues(record(reader), record(writer))
+    assert (not ours) == (apache.compatibility is SchemaCompatibilityType.compatible), ours
+
+
+def test_avro_compatibility_names_record_and_field_problems():
+    from dpone_dagster.schema.avro_compat import compatibility_issues as avro_issues
+
+    renamed = {**REGISTERED, "name": "orders", "namespace": "dpone"}
+    assert any("names differ" in i for i in avro_issues(renamed, [REGISTERED], "BACKWARD"))
+    required = {**REGISTERED, "fields": [*REGISTERED["fields"], {"name": "must", "type": "string"}]}
+    assert avro_issues(required, [REGISTERED], "BACKWARD") == [
+        "must: reader field has no default and the writer does not write it (new schema reading old records)"
+    ]
+    assert avro_issues(required, [REGISTERED], "FORWARD") == [] and avro_issues(renamed, [REGISTERED], "NONE") == []

@@ -118,7 +118,8 @@ def spark_to_avro(schema: StructType, name: str, namespace: str | None = None) -
     return record
 
 
-def _unique(name: str, used: set[str]) -> str:
+def unique_name(name: str, used: set[str]) -> str:
+    """`name`, or `name_2`, `name_3`, ... when taken; the result is added to `used`."""
     candidate, n = name, 2
     while candidate in used:
         candidate, n = f"{name}_{n}", n + 1
@@ -127,18 +128,21 @@ def _unique(name: str, used: set[str]) -> str:
 
 
 def _record(struct: StructType, name: str, used: set[str], path: str) -> dict[str, Any]:
-    record_name = _unique(name, used)
+    record_name = unique_name(name, used)
     bad = [f.name for f in struct.fields if not _NAME.match(f.name)]
     if bad:
         raise ConfigError(
             f"column name(s) {bad} in {path} are not valid Avro names ([A-Za-z_][A-Za-z0-9_]*); "
             "rename them before writing Avro"
         )
-    fields = [_field(f, _to_avro(f.dataType, f"{record_name}_{f.name}", used, f"{path}.{f.name}")) for f in struct.fields]
+    fields = [
+        avro_field(f, to_avro_type(f.dataType, f"{record_name}_{f.name}", used, f"{path}.{f.name}")) for f in struct.fields
+    ]
     return {"type": "record", "name": record_name, "fields": fields}
 
 
-def _field(field: StructField, avro_type: Any) -> dict[str, Any]:
+def avro_field(field: StructField, avro_type: Any) -> dict[str, Any]:
+    """The record field for a Spark field of Avro type `avro_type` (nullability and default)."""
     default = field.metadata.get(DEFAULT_KEY)
     if isinstance(field.dataType, NullType):
         return {"name": field.name, "type": "null", "default": None}
@@ -156,7 +160,8 @@ def _nullable(avro_type: Any, nullable: bool) -> Any:
     return ["null", avro_type] if nullable and avro_type != "null" else avro_type
 
 
-def _to_avro(dtype: DataType, record_name: str, used: set[str], path: str) -> Any:
+def to_avro_type(dtype: DataType, record_name: str, used: set[str], path: str) -> Any:
+    """The Avro type of a Spark type; records are named `record_name` (made unique in `used`)."""
     if type(dtype) in _PRIMITIVES:
         return _PRIMITIVES[type(dtype)]
     if type(dtype) in _LOGICAL:
@@ -166,11 +171,11 @@ def _to_avro(dtype: DataType, record_name: str, used: set[str], path: str) -> An
     if isinstance(dtype, StructType):
         return _record(dtype, record_name, used, path)
     if isinstance(dtype, ArrayType):
-        return {"type": "array", "items": _nullable(_to_avro(dtype.elementType, record_name, used, path), dtype.containsNull)}
+        return {"type": "array", "items": _nullable(to_avro_type(dtype.elementType, record_name, used, path), dtype.containsNull)}
     if isinstance(dtype, MapType):
         if not isinstance(dtype.keyType, StringType):
             raise ConfigError(f"{path}: Avro map keys are strings; cast the {dtype.keyType.simpleString()} keys to string")
-        values = _to_avro(dtype.valueType, record_name, used, path)
+        values = to_avro_type(dtype.valueType, record_name, used, path)
         return {"type": "map", "values": _nullable(values, dtype.valueContainsNull)}
     raise ConfigError(f"{path}: Spark type {dtype.simpleString()} has no Avro mapping")
 
@@ -183,13 +188,14 @@ def avro_to_spark(schema: Mapping[str, Any] | str) -> StructType:
     parsed = json.loads(schema) if isinstance(schema, str) else schema
     if not isinstance(parsed, Mapping) or parsed.get("type") != "record":
         raise ConfigError("the Avro schema must be a record at the top level")
-    dtype, _ = _AvroReader().read(parsed, parsed.get("namespace"))
+    dtype, _ = AvroReader().read(parsed, parsed.get("namespace"))
     assert isinstance(dtype, StructType)
     return dtype
 
 
-class _AvroReader:
-    """Walks an Avro schema resolving named types (records, enums, fixed) by full name."""
+class AvroReader:
+    """Walks an Avro schema resolving named types (records, enums, fixed) by full name; `named`
+    holds each definition node seen (the node itself, not a copy) and its namespace."""
 
     def __init__(self) -> None:
         self.named: dict[str, Any] = {}
@@ -260,15 +266,23 @@ class _AvroReader:
         self.named[fullname] = (node, ns)
         return ns
 
-    def _named_reference(self, name: str, namespace: str | None) -> tuple[DataType, bool]:
+    def definition(self, name: str, namespace: str | None) -> tuple[str, Any, str | None] | None:
+        """(full name, definition node, its namespace) of a named type referenced as `name`."""
         candidates = [name] if "." in name else ([f"{namespace}.{name}"] if namespace else []) + [name]
         for candidate in candidates:
             if candidate in self.named:
-                if candidate in self.in_progress:
-                    raise ConfigError(f"recursive Avro type {candidate} cannot be mapped to a Spark schema")
                 node, ns = self.named[candidate]
-                return self.read(node, ns)
-        raise ConfigError(f"unknown Avro type {name!r}")
+                return candidate, node, ns
+        return None
+
+    def _named_reference(self, name: str, namespace: str | None) -> tuple[DataType, bool]:
+        found = self.definition(name, namespace)
+        if found is None:
+            raise ConfigError(f"unknown Avro type {name!r}")
+        fullname, node, ns = found
+        if fullname in self.in_progress:
+            raise ConfigError(f"recursive Avro type {fullname} cannot be mapped to a Spark schema")
+        return self.read(node, ns)
 
     def _record(self, node: Mapping[str, Any], namespace: str | None) -> StructType:
         fullname, ns = self._fullname(node, namespace)
@@ -283,6 +297,30 @@ class _AvroReader:
             fields.append(StructField(str(field["name"]), dtype, nullable, metadata))
         self.in_progress.discard(fullname)
         return StructType(fields)
+
+
+def enum_fields(schema: Mapping[str, Any] | str) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Top-level fields of a record schema whose type is an enum (or a null union of one):
+    field name -> (enum full name, symbols). Spark sees these as strings; only symbols encode."""
+    parsed = json.loads(schema) if isinstance(schema, str) else schema
+    reader = AvroReader()
+    reader.read(parsed, parsed.get("namespace"))
+    namespace = parsed.get("namespace")
+    found: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for field in parsed.get("fields", []):
+        node = field["type"]
+        if isinstance(node, list):
+            branches = [b for b in node if b != "null"]
+            node = branches[0] if len(branches) == 1 else None
+        if isinstance(node, str):
+            definition = reader.definition(node, namespace)
+            node = definition[1] if definition else None
+        if isinstance(node, Mapping) and node.get("type") == "enum":
+            name = str(node["name"])
+            ns = node.get("namespace", namespace)
+            fullname = name if "." in name or not ns else f"{ns}.{name}"
+            found[str(field["name"])] = (fullname, tuple(str(s) for s in node.get("symbols", [])))
+    return found
 
 
 # --------------------------------------------------------------------------- values

@@ -90,15 +90,21 @@ def _infer(manifest: Manifest) -> tuple[dict[str, Any], StructType]:
 
 
 def _registry_infer(source) -> tuple[dict[str, Any], StructType]:
-    from dpone_dagster.schema.registry import fetch_latest, registry_client, subject_name
+    from dpone_dagster.schema.registry import collect_references, fetch_latest, registry_client, subject_name
 
+    fmt = source.options.message_format
     client = registry_client(source.registry_config or {})
     subject = subject_name("topic", source.topic, None)
-    latest = fetch_latest(client, subject)
+    latest = fetch_latest(client, subject, fmt)
     if latest is None:
         raise ConfigError(f"subject {subject!r} has no registered schema; produce with a registry serializer first")
+    files: dict[str, str] = {}  # protobuf imports: executors and this view rebuild descriptors from them
+    if fmt == "protobuf" and latest.schema.references:
+        collect_references(client, latest.schema.references, files, "PROTOBUF")
     schema = source._registry_schema(
-        source.options.message_format, {latest.schema_id: (latest.schema.schema_type, latest.schema.schema_str)}, None
+        fmt,
+        {latest.schema_id: (latest.schema.schema_type, latest.schema.schema_str)},
+        {latest.schema_id: tuple(files.items())},
     )
     summary = {
         "topic": source.topic,

@@ -24,7 +24,8 @@ decimal(18,4), float into double, ...) needs no action: values are converted on 
 Nullability of existing fields follows the target: a null in a required field fails at encode.
 A rename is seen as a drop (keep_target_field) plus an add.
 
-Compatibility modes (our own rules; the mock registry has no compatibility endpoint):
+Compatibility modes (our own rules, on Spark types; for Avro sinks `schema.avro_compat` then checks
+the evolved Avro schema the way the registry will, which also sees names, enums and fixed sizes):
 - BACKWARD: readers of the new schema read old records: adds need a default (nullable), widening
   is allowed, removed target fields are kept.
 - FORWARD: readers of the old schema read new records: any add is fine (old readers skip it),
@@ -37,7 +38,7 @@ Compatibility modes (our own rules; the mock registry has no compatibility endpo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pyspark.sql.types import (
@@ -107,6 +108,13 @@ class EvolutionPlan:
                 {"name": f.name, "type": f.dataType.simpleString(), "nullable": f.nullable} for f in self.result_schema.fields
             ],
         }
+
+    def with_breaking(self, issues: Sequence[tuple[str, str]]) -> EvolutionPlan:
+        """This plan with (path, why) problems found elsewhere (the Avro-level check) as breaking actions."""
+        if not issues:
+            return self
+        extra = tuple(EvolutionAction("breaking", path, why) for path, why in issues)
+        return replace(self, actions=self.actions + extra, breaking=True)
 
     def raise_if_breaking(self, subject: str) -> None:
         problems = [f"{a.path}: {a.detail}" for a in self.actions if a.kind == "breaking"]

@@ -23,6 +23,7 @@ null written into one comes back as the default; repeated and map fields are non
 from __future__ import annotations
 
 import base64
+import binascii
 import importlib
 from collections.abc import Mapping, Sequence
 from datetime import UTC, date
@@ -192,8 +193,16 @@ def _add_builtin(pool: DescriptorPool, file: FileDescriptor, added: set[str]) ->
 
 
 def _parse_file(name: str, schema_str: str) -> descriptor_pb2.FileDescriptorProto:
+    try:
+        serialized = base64.b64decode(schema_str, validate=True)
+    except (binascii.Error, ValueError):
+        # .proto text: what a registry answers when a read does not ask for format=serialized.
+        raise ValueError(
+            f"protobuf schema {name} is .proto text, not a base64 FileDescriptorProto; read it from the "
+            "registry with format=serialized"
+        ) from None
     proto = descriptor_pb2.FileDescriptorProto()
-    proto.ParseFromString(base64.standard_b64decode(schema_str))
+    proto.ParseFromString(serialized)
     if not proto.name:
         proto.name = name
     return proto

@@ -6,10 +6,17 @@ Only the driver calls the client functions here. Executors never contact the reg
 collects the schema ids of a batch (`spark.registry_codec.distinct_schema_ids`), fetches them with
 `schemas_by_id` and ships the strings inside the task closure. A `mock://` registry is in-memory and
 private to one client object, so a second process (a Spark Python worker) would not see it anyway.
+
+Protobuf schemas travel as base64 FileDescriptorProto (what confluent's serializers register and
+what executors rebuild message classes from). A registry answers with `.proto` text unless a
+read asks for `format=serialized`, so every read of a protobuf schema here asks for it; a registry
+that still answers with text is a clear error on the driver, never a batch of corrupt records.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ssl
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -29,6 +36,8 @@ from dpone_dagster.schema.values import DEFAULT_KEY as DEFAULT_KEY
 # Manifest message_format -> registry schema type.
 SCHEMA_TYPES = {"avro": "AVRO", "json_schema": "JSON", "protobuf": "PROTOBUF"}
 _NOT_FOUND_CODES = {40400, 40401, 40402, 40403}
+# The `format` a registry read asks for to get a protobuf schema as base64 FileDescriptorProto.
+SERIALIZED = "serialized"
 
 
 # --------------------------------------------------------------------------- subjects
@@ -143,25 +152,56 @@ def _registry_error(action: str, subject: str, error: SchemaRegistryError) -> Co
     )
 
 
-def fetch_latest(client: SchemaRegistryClient, subject: str) -> RegisteredSchema | None:
-    """The latest version of `subject`, or None when the subject does not exist."""
+def read_format(message_format: str | None) -> str | None:
+    """The `format` to ask a registry read for: serialized for protobuf, the default otherwise
+    (some registry versions refuse `serialized` for Avro and JSON Schema)."""
+    return SERIALIZED if message_format == "protobuf" else None
+
+
+def fetch_latest(client: SchemaRegistryClient, subject: str, message_format: str | None = None) -> RegisteredSchema | None:
+    """The latest version of `subject`, or None when the subject does not exist. With
+    message_format protobuf the schema comes serialized (see the module docstring)."""
     try:
-        return client.get_latest_version(subject)
+        latest = client.get_latest_version(subject, fmt=read_format(message_format))
     except SchemaRegistryError as error:
         if _not_found(error):
             return None
         raise _registry_error("reading the latest version", subject, error) from error
+    _require_serialized(latest.schema, f"the latest version of subject {subject!r}")
+    return latest
 
 
-def fetch_versions(client: SchemaRegistryClient, subject: str) -> list[RegisteredSchema]:
+def fetch_versions(client: SchemaRegistryClient, subject: str, message_format: str | None = None) -> list[RegisteredSchema]:
     """Every version of `subject`, oldest first (for *_TRANSITIVE compatibility checks)."""
     try:
         versions = sorted(client.get_versions(subject))
-        return [client.get_version(subject, v) for v in versions]
+        found = [client.get_version(subject, v, fmt=read_format(message_format)) for v in versions]
     except SchemaRegistryError as error:
         if _not_found(error):
             return []
         raise _registry_error("listing versions", subject, error) from error
+    for registered in found:
+        _require_serialized(registered.schema, f"version {registered.version} of subject {subject!r}")
+    return found
+
+
+def is_serialized_descriptor(schema_str: str) -> bool:
+    """True when a protobuf schema string is base64 (a serialized FileDescriptorProto), not .proto text."""
+    try:
+        base64.b64decode(schema_str, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return True
+
+
+def _require_serialized(schema: Schema, what: str) -> None:
+    if _is_text_protobuf(schema):
+        raise ConfigError(
+            f"schema registry: {what} came back as .proto text although format=serialized was asked; this "
+            "project reads protobuf schemas as serialized FileDescriptorProto (the form confluent's "
+            "serializers register). Point schema_registry_url at a Confluent-compatible registry that "
+            "supports format=serialized (Confluent Schema Registry 5.5 or later)"
+        )
 
 
 def ensure_registered(
@@ -174,8 +214,8 @@ def ensure_registered(
 ) -> int:
     """Schema id of `schema_str` under `subject`, registering it when `auto_register` is on.
 
-    Compatibility is checked by `schema.evolution` before this is called: the mock registry has no
-    compatibility endpoint, and a real one would only answer with a bare 409.
+    Compatibility is checked before this is called (`schema.evolution`, and `schema.avro_compat` for
+    Avro): the mock registry checks nothing, and a real one would only answer with a bare 409.
     """
     schema = Schema(schema_str, schema_type_of(schema_type), list(references or []))
     try:
@@ -230,24 +270,53 @@ def ensure_references(
     return done
 
 
-def schemas_by_id(client: SchemaRegistryClient, ids: Iterable[int]) -> dict[int, tuple[str, str]]:
+def schemas_by_id(
+    client: SchemaRegistryClient, ids: Iterable[int], message_format: str | None = None
+) -> dict[int, tuple[str, str]]:
     """id -> (schema_type, schema_str); ids the registry does not know are left out (their records
-    are then marked corrupt with "unknown schema id")."""
+    are then marked corrupt with "unknown schema id").
+
+    Protobuf schemas are returned serialized. With message_format protobuf every id is read with
+    format=serialized; without it, an id that turns out to be PROTOBUF is read again that way.
+    """
     found: dict[int, tuple[str, str]] = {}
     for schema_id in sorted(set(ids)):
         try:
-            schema = client.get_schema(schema_id)
+            schema = client.get_schema(schema_id, fmt=read_format(message_format))
         except SchemaRegistryError as error:
             if _not_found(error):
                 continue
             raise _registry_error(f"reading schema id {schema_id}", "-", error) from error
-        found[schema_id] = (schema.schema_type or "AVRO", schema.schema_str or "")
+        if message_format != "protobuf" and _is_text_protobuf(schema):
+            schema = _serialized_by_id(client, schema_id)
+        _require_serialized(schema, f"schema id {schema_id}")
+        found[schema_id] = ((schema.schema_type or "AVRO").upper(), schema.schema_str or "")
     return found
+
+
+def _is_text_protobuf(schema: Schema) -> bool:
+    return (schema.schema_type or "").upper() == "PROTOBUF" and not is_serialized_descriptor(schema.schema_str or "")
+
+
+def _serialized_by_id(client: SchemaRegistryClient, schema_id: int) -> Schema:
+    """Schema `schema_id` read again with format=serialized. The client caches schemas by id
+    whatever format was asked, so the read goes through a subject version holding the id."""
+    try:
+        for holder in client.get_schema_versions(schema_id):
+            return client.get_version(holder.subject, holder.version, fmt=SERIALIZED).schema
+    except SchemaRegistryError as error:
+        raise _registry_error(f"reading protobuf schema id {schema_id} serialized", "-", error) from error
+    raise ConfigError(
+        f"schema registry: protobuf schema id {schema_id} came back as .proto text and is registered under "
+        "no subject version, so it cannot be read with format=serialized; register it again (or produce "
+        "with a registered schema)"
+    )
 
 
 def references_by_id(client: SchemaRegistryClient, ids: Iterable[int]) -> dict[int, tuple[tuple[str, str], ...]]:
     """id -> referenced (file name, schema_str) pairs, dependencies first, for schemas with references
-    (protobuf imports of non-well-known files). Executors need them to rebuild descriptors."""
+    (protobuf imports of non-well-known files, read serialized). Executors need them to rebuild
+    descriptors."""
     out: dict[int, tuple[tuple[str, str], ...]] = {}
     for schema_id in sorted(set(ids)):
         try:
@@ -256,18 +325,23 @@ def references_by_id(client: SchemaRegistryClient, ids: Iterable[int]) -> dict[i
             continue
         if schema.references:
             files: dict[str, str] = {}
-            _collect_references(client, schema.references, files)
+            collect_references(client, schema.references, files, schema.schema_type or "AVRO")
             out[schema_id] = tuple(files.items())
     return out
 
 
-def _collect_references(client: SchemaRegistryClient, refs: Sequence[SchemaReference], files: dict[str, str]) -> None:
+def collect_references(
+    client: SchemaRegistryClient, refs: Sequence[SchemaReference], files: dict[str, str], schema_type: str
+) -> None:
+    """Add the referenced schemas to `files` (name -> schema_str), dependencies first."""
+    fmt = read_format("protobuf" if schema_type.upper() == "PROTOBUF" else None)
     for ref in refs:
         if ref.name in files:
             continue
-        registered = client.get_version(ref.subject, ref.version)
+        registered = client.get_version(ref.subject, ref.version, fmt=fmt)
+        _require_serialized(registered.schema, f"referenced schema {ref.name!r} (subject {ref.subject!r})")
         if registered.schema.references:
-            _collect_references(client, registered.schema.references, files)
+            collect_references(client, registered.schema.references, files, schema_type)
         files[ref.name] = registered.schema.schema_str
 
 

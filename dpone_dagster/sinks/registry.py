@@ -1,7 +1,11 @@
 """Schema Registry formats on the Kafka sink: plan the schema evolution against the subject's
 latest schema, register the result (when allowed) and encode values (and keys) on Spark.
 
-Runs before anything is produced: a breaking change fails the run with nothing written.
+An Avro subject evolves from its registered schema (`schema.avro_evolution`): names, enums, logical
+types, defaults and docs stay as registered, and the values are encoded with exactly the schema
+registered. The evolved schema is checked the way the registry will check it
+(`schema.avro_compat`) before it is registered. All of this runs before anything is produced: a
+breaking change fails the run with nothing written.
 """
 
 from __future__ import annotations
@@ -11,10 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from dpone_dagster.errors import DataRefused
 from dpone_dagster.manifest.models import KafkaSink, Manifest
-from dpone_dagster.schema import avro, json_schema, protobuf
+from dpone_dagster.schema import avro, avro_compat, json_schema, protobuf
+from dpone_dagster.schema.avro_evolution import evolve_avro_schema
 from dpone_dagster.schema.evolution import EvolutionPlan, plan_evolution
 from dpone_dagster.schema.registry import (
     ensure_references,
@@ -86,19 +93,42 @@ def _plan_registry_write(manifest: Manifest, source_schema: StructType, registry
     subject = subject_name(options.subject_name_strategy, sink.topic, fullname)
     latest = fetch_latest(client, subject)
     target = target_schema(fmt, latest.schema.schema_str) if latest is not None else None
-    history = tuple(target_schema(fmt, v.schema.schema_str) for v in fetch_versions(client, subject)[:-1]) if latest else ()
+    versions = [v.schema.schema_str for v in fetch_versions(client, subject)] if latest is not None else []
+    history = tuple(target_schema(fmt, text) for text in versions[:-1])
     if sink.options.schema_evolution:
         evolution = plan_evolution(source_schema, target, options.compatibility, sink.options.on_type_change, history)
         evolution.raise_if_breaking(subject)
         result = evolution.result_schema
     else:
         evolution, result = None, target or source_schema
-    schema_str = writer_schema_text(fmt, result, name, namespace)
-    if latest is not None and (evolution is None or not evolution.changed):
+    if latest is None:
+        schema_str = writer_schema_text(fmt, result, name, namespace)
+    elif evolution is None or not evolution.changed:
         schema_str = latest.schema.schema_str  # nothing to change: write with the registered schema
+    elif fmt == "avro":
+        schema_str, evolution = _evolved_avro(subject, latest.schema.schema_str, versions, evolution)
+    else:
+        schema_str = writer_schema_text(fmt, result, name, namespace)
     schema_id = ensure_registered(client, subject, schema_str, schema_type_of(fmt), options.auto_register_schemas)
     key = _key_encoding(manifest, client, result)
     return RegistryWritePlan(fmt, subject, schema_id, schema_str, evolution, key=key)
+
+
+def _evolved_avro(subject: str, registered: str, versions: list[str], evolution: EvolutionPlan) -> tuple[str, EvolutionPlan]:
+    """The registered Avro schema with the plan's changes, refused (nothing registered, nothing
+    produced) when the registry would refuse it under the plan's compatibility mode."""
+    evolved = evolve_avro_schema(registered, evolution.result_schema)
+    if evolved == json.loads(registered):
+        return registered, evolution
+    issues = avro_compat.compatibility_issues(evolved, versions or [registered], evolution.compatibility)
+    evolution = evolution.with_breaking([_issue(text) for text in issues])
+    evolution.raise_if_breaking(subject)
+    return json.dumps(evolved), evolution
+
+
+def _issue(text: str) -> tuple[str, str]:
+    path, _, why = text.partition(": ")
+    return path, f"the registered Avro schema cannot take this change: {why}"
 
 
 def _protobuf_plan(manifest: Manifest, client: Any) -> RegistryWritePlan:
@@ -145,6 +175,8 @@ def encode_messages(keyed: DataFrame, plan: RegistryWritePlan, payload: list[str
     if plan.evolution is not None:
         keyed = apply_routes(keyed, plan.evolution)
         payload = [f.name for f in plan.evolution.result_schema.fields if f.name in keyed.columns]
+    if plan.fmt == "avro":
+        refuse_unknown_symbols(keyed, plan, payload, tombstone_column)
     return encode_registry(
         keyed,
         plan.fmt,
@@ -156,3 +188,31 @@ def encode_messages(keyed: DataFrame, plan: RegistryWritePlan, payload: list[str
         references=plan.references,
         key=plan.key,
     )
+
+
+def refuse_unknown_symbols(df: DataFrame, plan: RegistryWritePlan, columns: list[str], tombstone_column: str) -> None:
+    """Values of top-level enum fields that are not symbols of the registered enum cannot be
+    encoded; one Spark job finds them before anything is produced (the producer tasks would fail
+    part-way otherwise). Enums nested deeper are checked when each value is encoded."""
+    enums = {c: e for c, e in avro.enum_fields(plan.schema_str).items() if c in columns}
+    if not enums:
+        return
+    live = df.where(~F.coalesce(F.col(tombstone_column), F.lit(False)))
+    bad = {c: F.col(c).isNotNull() & ~F.col(c).cast("string").isin(*symbols) for c, (_, symbols) in enums.items()}
+    row = live.select(
+        *[F.count(F.when(cond, 1)).alias(f"n_{i}") for i, cond in enumerate(bad.values())],
+        *[F.first(F.when(cond, F.col(c).cast("string")), ignorenulls=True).alias(f"v_{i}") for i, (c, cond) in enumerate(bad.items())],
+    ).first()
+    problems = [
+        f"{column}: {row[f'n_{i}']} value(s) such as {row[f'v_{i}']!r} are not symbols of enum {enums[column][0]} "
+        f"{list(enums[column][1])}"
+        for i, column in enumerate(bad)
+        if row is not None and row[f"n_{i}"]
+    ]
+    if problems:
+        raise DataRefused(
+            f"values do not fit the registered schema id {plan.schema_id} of subject {plan.subject!r}: "
+            + "; ".join(problems)
+            + ". Nothing was produced. Map the values to the enum's symbols in the source, or add the symbols "
+            "to the enum in the registry (a compatible change) first"
+        )

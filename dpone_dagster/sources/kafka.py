@@ -305,7 +305,7 @@ class KafkaBatchSource:
         client = registry_client(self.registry_config)
         ids = distinct_schema_ids(raw) if boundary.total else []
         with registry_errors(self.registry_config):
-            schemas = schemas_by_id(client, ids)
+            schemas = schemas_by_id(client, ids, message_format=fmt)
             references = references_by_id(client, ids) if fmt == "protobuf" else None
         schema = self._registry_schema(fmt, schemas, references)
         notes = [f"{fmt}: schema id(s) {sorted(schemas)} from the registry"]
