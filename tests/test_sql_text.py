@@ -338,7 +338,7 @@ def test_lookback_renders_an_inclusive_wider_window():
         ("postgres", "timestamp with time zone", "timestamp_tz"),
         ("postgres", "date", "date"),
         ("postgres", "bytea", None),
-        ("mysql", "timestamp", "timestamp"),
+        ("mysql", "timestamp", "timestamp_tz"),  # an instant: read in the UTC session
         ("mysql", "datetime", "timestamp"),
         ("mysql", "double", "float"),
     ],

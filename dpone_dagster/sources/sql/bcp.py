@@ -2,6 +2,10 @@
 reader using the escaping scheme documented in `text.bcp` (lossless, NULL vs empty string kept).
 The file lives on the driver's filesystem (DPONE_BCP_DIR): with a cluster master it must be a
 shared path.
+
+The file is a plaintext copy of the rows: it is removed as soon as Spark holds them, whether the
+export or the read succeeded, failed or was interrupted; what a killed process left is removed by
+the next bcp export under the same directory (`sweep_stale_exports`).
 """
 
 from __future__ import annotations
@@ -9,11 +13,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Sequence
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
@@ -29,7 +36,26 @@ Log = Callable[[str], None]
 
 
 def read_bcp(source: JdbcTable, spark: SparkSession, boundary: SqlBoundary, log: Log) -> DataFrame:
-    """Export the boundary's rows with bcp into a temporary file and read it back."""
+    """Export the boundary's rows with bcp into a file of its own, read them into Spark and remove
+    the file, whatever happens (the rows are kept in Spark, so nothing reads the file later)."""
+    executable = _bcp_executable(source, boundary)
+    columns = list(boundary.columns + boundary.extra_columns)
+    query, specs = T.bcp_select(source.table, columns, boundary.conditions)
+    root = export_root()
+    swept = sweep_stale_exports(root)
+    if swept:
+        log(f"extract: removed {swept} bcp export(s) left by runs that ended without removing them")
+    directory = make_export_directory(root)
+    try:
+        path = os.path.join(directory, "export.dat")
+        _export(source, query, path, executable, log)
+        return _keep_rows(read_bcp_file(spark, path, specs))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+        log("extract: bcp export removed")
+
+
+def _bcp_executable(source: JdbcTable, boundary: SqlBoundary) -> str:
     if source.dialect != "mssql":
         raise ConfigError(
             f"source.options.export_mode: bcp exports from SQL Server only, not {source.dialect}. Fix: use "
@@ -44,10 +70,11 @@ def read_bcp(source: JdbcTable, spark: SparkSession, boundary: SqlBoundary, log:
             "Microsoft SQL Server command-line tools (package mssql-tools18 from packages.microsoft.com; "
             "add /opt/mssql-tools18/bin to PATH), or use export_mode: jdbc."
         )
-    columns = list(boundary.columns + boundary.extra_columns)
-    query, specs = T.bcp_select(source.table, columns, boundary.conditions)
-    directory = tempfile.mkdtemp(prefix="dpone_bcp_", dir=os.environ.get("DPONE_BCP_DIR") or None)
-    path = os.path.join(directory, f"{uuid.uuid4().hex}.dat")
+    return executable
+
+
+def _export(source: JdbcTable, query: str, path: str, executable: str, log: Log) -> None:
+    """Run `bcp queryout` into `path`; RunFailed when it fails or is killed."""
     command = T.bcp_command(
         query,
         path,
@@ -71,7 +98,87 @@ def read_bcp(source: JdbcTable, spark: SparkSession, boundary: SqlBoundary, log:
     if result.returncode != 0:
         detail = redact_text((result.stderr or result.stdout or "").strip()[-2000:])
         raise RunFailed(f"bcp exited with {result.returncode}: {detail}")
-    return read_bcp_file(spark, path, specs)
+
+
+def _keep_rows(frame: DataFrame) -> DataFrame:
+    """The decoded rows, computed now and kept by Spark (the file is about to go; a lost executor's
+    part then fails the run instead of reading a file that no longer exists)."""
+    try:
+        return frame.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+    except Exception as exc:  # noqa: BLE001 - reported by its Spark error classes only
+        raise RunFailed(
+            f"the bcp export could not be read back ({_error_classes(exc)}). Fix: check that the bcp on PATH "
+            "writes character mode (-c) with the terminators of the command line."
+        ) from None
+
+
+def _error_classes(exc: BaseException) -> str:
+    """Spark's error classes in `exc` (MALFORMED_CSV_RECORD, ...): Spark's message quotes the
+    malformed record, which holds row data."""
+    classes = dict.fromkeys(re.findall(r"\[([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)?)\]", str(exc)))
+    return ", ".join(classes) or type(exc).__name__
+
+
+# --------------------------------------------------------------------------- export files
+#
+# Each export has a directory of its own, named after the host and process that made it, so that
+# a later run can tell the leftovers of a killed process (removed) from a live export (kept).
+
+EXPORT_PREFIX = "dpone_bcp."
+LEGACY_PREFIX = "dpone_bcp_"  # exports of versions that never removed them
+STALE_EXPORT_S = 6 * 3600  # leftovers whose owner cannot be checked (another host, an older version)
+_OWNED = re.compile(r"^dpone_bcp\.(?P<host>.+)\.(?P<pid>\d+)\.[0-9a-f]{32}$")
+
+
+def export_root() -> str:
+    """Where exports are written: DPONE_BCP_DIR (a shared path with a cluster master), else the
+    system's temporary directory."""
+    return os.environ.get("DPONE_BCP_DIR") or tempfile.gettempdir()
+
+
+def make_export_directory(root: str) -> str:
+    """A new directory for one export, readable by this user only."""
+    path = os.path.join(root, f"{EXPORT_PREFIX}{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex}")
+    os.mkdir(path, 0o700)
+    return path
+
+
+def sweep_stale_exports(root: str, now: float | None = None) -> int:
+    """Remove the exports that runs killed mid-read left under `root`; returns how many went."""
+    now = time.time() if now is None else now
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return 0
+    removed = 0
+    for name in names:
+        path = os.path.join(root, name)
+        if _stale(name, path, now):
+            shutil.rmtree(path, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def _stale(name: str, path: str, now: float) -> bool:
+    owned = _OWNED.match(name)
+    if owned and owned["host"] == socket.gethostname():
+        return not _alive(int(owned["pid"]))
+    if not (owned or name.startswith(LEGACY_PREFIX)):
+        return False  # not an export
+    try:
+        return now - os.stat(path).st_mtime >= STALE_EXPORT_S
+    except OSError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def read_bcp_file(

@@ -29,6 +29,7 @@ class SqlBoundary:
     extra_columns: tuple[T.ColumnInfo, ...] = ()  # read for ordering/partitioning, then dropped
     conditions: tuple[str, ...] = ()  # the WHERE conditions of `query` (partitioned/bcp reads reuse them)
     notes: tuple[str, ...] = ()
+    upper_inclusive: bool = True  # False: `column < upper` (rowversion windows, see watermark)
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -32,7 +32,8 @@ Export modes
   hash predicates per partition for others), `fetchsize` = batch_size.
 - bcp (mssql): `bcp "<select>" queryout` to a local file, read with Spark's CSV reader using the
   escaping scheme documented in `text.bcp` (lossless, NULL vs empty string kept). The file lives on
-  the driver's filesystem (DPONE_BCP_DIR): with a cluster master it must be a shared path.
+  the driver's filesystem (DPONE_BCP_DIR): with a cluster master it must be a shared path. It is
+  removed once Spark holds the rows, whatever the outcome (`bcp.read_bcp`).
 - pyodbc: a cursor on the Spark DRIVER fetches batch_size rows at a time into Arrow and builds the
   DataFrame from them: meant for small tables.
 
@@ -77,6 +78,7 @@ class SqlBatchSource(JdbcTable):
         if self.strategy.mode == "cdc" and self.dialect != "mssql":
             raise ConfigError("sink.strategy.mode: cdc is only available for source.type: mssql")
         self.check_driver(spark)
+        self.check_utc_session(spark)
         catalog = self.catalog(spark)
         payload = self.payload_columns(catalog)
         mode = self.strategy.mode

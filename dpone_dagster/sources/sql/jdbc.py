@@ -3,6 +3,8 @@ Spark JDBC, the catalog, and the column lookups every plan shares.
 
 Time zones: Spark converts JDBC timestamps through the JVM default zone; the engine's session is
 UTC, and the JVMs should run with `-Duser.timezone=UTC` so wall-clock types arrive unchanged.
+MySQL/MariaDB render TIMESTAMP values in the session's time zone, so every connection to them sets
+it to UTC (`sessionVariables`) and a run checks that it took (`check_utc_session`).
 """
 
 from __future__ import annotations
@@ -82,7 +84,14 @@ class JdbcTable:
         if self.connection.password is not None:
             props["password"] = self.connection.password.get_secret_value()
         props["fetchsize"] = str(self.options.batch_size)
+        if self.dialect == "mysql":
+            props["sessionVariables"] = T.mysql_session_variables(props.get("sessionVariables"))[0]
         return props
+
+    def configured_time_zone(self) -> str | None:
+        """MySQL/MariaDB: the session time zone the connection's own sessionVariables name (the
+        engine replaces it with UTC; an earlier version read TIMESTAMP watermarks in it)."""
+        return T.mysql_session_variables(self.connection.properties.get("sessionVariables"))[1]
 
     def describe(self) -> dict[str, Any]:
         """Safe for plans, logs and artifacts: secrets masked."""
@@ -115,6 +124,23 @@ class JdbcTable:
             jvm.org.apache.spark.util.Utils.classForName(name, True, False)
         except Exception:  # noqa: BLE001 - any failure means the class cannot be loaded
             raise ConfigError(self._driver_fix(name)) from None
+
+    def check_utc_session(self, spark: SparkSession) -> None:
+        """MySQL/MariaDB: the session must be on UTC, or TIMESTAMP values and their watermark shift
+        by the server's offset. A jdbc_url's sessionVariables win over the connection properties,
+        and a driver may ignore them: both are caught here, before anything is read."""
+        if self.dialect != "mysql":
+            return
+        rows = self.run_query(spark, T.MYSQL_SESSION_ZONE_QUERY, "read the session time zone")
+        zone = str(rows[0][0]) if rows else None
+        if zone in T.MYSQL_UTC_ZONE_NAMES:
+            return
+        raise ConfigError(
+            f"the MySQL/MariaDB session time zone is {zone}, not UTC: TIMESTAMP values would arrive shifted "
+            "by its offset. The engine sets time_zone='+00:00' through the connection property "
+            "sessionVariables. Fix: remove sessionVariables from the connection's jdbc_url (it overrides the "
+            "property), or use a driver that honours sessionVariables (source.options.jdbc_driver)."
+        )
 
     def _driver_fix(self, name: str) -> str:
         jar = self.options.jdbc_jar
@@ -242,6 +268,7 @@ class JdbcTable:
         lower: Any = None,
         upper: Any = None,
         kind: str | None = None,
+        upper_inclusive: bool = True,
     ) -> str:
         return T.select_query(
             self.dialect,
@@ -254,6 +281,7 @@ class JdbcTable:
             upper,
             kind=kind,
             expressions=self.expressions(columns),
+            upper_inclusive=upper_inclusive,
         )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from dpone_dagster.errors import ConfigError
+from dpone_dagster.sources.sql import text as T
 from dpone_dagster.sources.sql.boundary import SqlBoundary
 from dpone_dagster.sources.sql.jdbc import DEFAULT_PORTS, JdbcTable
 
@@ -83,6 +84,8 @@ def odbc_connection_string(source: JdbcTable) -> str:
         parts["UID"] = c.user
     if c.password is not None:
         parts["PWD"] = c.password.get_secret_value()
+    if source.dialect == "mysql":
+        parts["INITSTMT"] = f"SET {T.MYSQL_UTC_SESSION}"  # the UTC session the plan's bounds were made in
     return ";".join(f"{k}={{{v.replace('}', '}}')}}}" for k, v in parts.items())
 
 

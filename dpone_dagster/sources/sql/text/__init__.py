@@ -10,7 +10,8 @@ and `mysql` (the `common.DialectText` interface):
   lookback;
 - `column_types`: watermark kinds, Spark target types, read expressions;
 - `queries`: the bounded SELECT, MAX/COUNT, catalog and partitioning queries;
-- `cdc`: MSSQL CDC and Change Tracking; `bcp`: the bcp export SELECT and command line.
+- `cdc`: MSSQL CDC and Change Tracking; `bcp`: the bcp export SELECT and command line;
+- `mysql`: also the UTC session every MySQL/MariaDB connection gets (`mysql_session_variables`).
 
 This module re-exports their public names (`from dpone_dagster.sources.sql import text as T`).
 """
@@ -62,7 +63,13 @@ from dpone_dagster.sources.sql.text.common import DIALECTS, ColumnInfo, Dialect,
 from dpone_dagster.sources.sql.text.dialects import qualified_name, quote_ident, string_literal
 from dpone_dagster.sources.sql.text.literals import iso_timestamp, literal, render_bound, watermark_literal
 from dpone_dagster.sources.sql.text.lookback import apply_lookback, parse_duration, parse_timestamp
+from dpone_dagster.sources.sql.text.mysql import SESSION_ZONE_QUERY as MYSQL_SESSION_ZONE_QUERY
+from dpone_dagster.sources.sql.text.mysql import UTC_SESSION as MYSQL_UTC_SESSION
+from dpone_dagster.sources.sql.text.mysql import UTC_ZONE_NAMES as MYSQL_UTC_ZONE_NAMES
+from dpone_dagster.sources.sql.text.mysql import session_variables as mysql_session_variables
+from dpone_dagster.sources.sql.text.mysql import utc_from_zone_query as mysql_utc_from_zone_query
 from dpone_dagster.sources.sql.text.queries import (
+    active_rowversion_query,
     and_predicates,
     bounds_query,
     columns_query,
@@ -73,6 +80,7 @@ from dpone_dagster.sources.sql.text.queries import (
     rendered_max,
     select_query,
     where_conditions,
+    window_count_query,
 )
 
 __all__ = [
@@ -92,6 +100,9 @@ __all__ = [
     "CT_VERSION",
     "DIALECTS",
     "MASK",
+    "MYSQL_SESSION_ZONE_QUERY",
+    "MYSQL_UTC_SESSION",
+    "MYSQL_UTC_ZONE_NAMES",
     "ZERO_LSN",
     "BcpColumn",
     "BcpCommand",
@@ -99,6 +110,7 @@ __all__ = [
     "Dialect",
     "Table",
     "WatermarkKind",
+    "active_rowversion_query",
     "and_predicates",
     "apply_lookback",
     "bcp_column",
@@ -123,6 +135,8 @@ __all__ = [
     "literal",
     "lsn_bytes",
     "max_query",
+    "mysql_session_variables",
+    "mysql_utc_from_zone_query",
     "normalize_lsn",
     "parse_duration",
     "parse_timestamp",
@@ -138,4 +152,5 @@ __all__ = [
     "watermark_kind",
     "watermark_literal",
     "where_conditions",
+    "window_count_query",
 ]

@@ -19,6 +19,8 @@ def watermark_kind(dialect: str, data_type: str) -> str | None:
     t = data_type.lower()
     if dialect == "mssql" and t in ("timestamp", "rowversion"):
         return "rowversion"  # MSSQL `timestamp` is rowversion, not a date/time
+    if dialect == "mysql" and t == "timestamp":
+        return "timestamp_tz"  # an instant, read in the UTC session (text.mysql)
     if t in INTEGER_TYPES:
         return "integer"
     if t in _DECIMAL_TYPES:

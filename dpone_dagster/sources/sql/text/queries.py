@@ -38,6 +38,7 @@ def where_conditions(
     upper: Any = None,
     *,
     kind: str | None = None,
+    upper_inclusive: bool = True,
 ) -> list[str]:
     conditions = [f"({predicate})"] if predicate and predicate.strip() else []
     if incremental_column is not None:
@@ -47,7 +48,9 @@ def where_conditions(
                 f"{column} {'>=' if lower_inclusive else '>'} {render_bound(dialect, lower, kind)}"
             )
         if upper is not None:
-            conditions.append(f"{column} <= {render_bound(dialect, upper, kind)}")
+            conditions.append(
+                f"{column} {'<=' if upper_inclusive else '<'} {render_bound(dialect, upper, kind)}"
+            )
     elif lower is not None or upper is not None:
         raise ValueError("bounds need an incremental_column")
     return conditions
@@ -69,8 +72,9 @@ def select_query(
     *,
     kind: str | None = None,
     expressions: Mapping[str, str] | None = None,
+    upper_inclusive: bool = True,
 ) -> str:
-    """The bounded extract: SELECT <cols> FROM <t> WHERE (<predicate>) AND col >=|> lower AND col <= upper.
+    """The bounded extract: SELECT <cols> FROM <t> WHERE (<predicate>) AND col >=|> lower AND col <=|< upper.
 
     `kind` set: lower/upper are stored watermark values (`watermark_literal`); otherwise Python values
     (`literal`). `expressions` replace a column's plain identifier (aliased back to its name).
@@ -78,7 +82,14 @@ def select_query(
     check_dialect(dialect)
     items = ", ".join(select_item(dialect, c, expressions) for c in columns) if columns else "*"
     conditions = where_conditions(
-        dialect, predicate, incremental_column, lower, lower_inclusive, upper, kind=kind
+        dialect,
+        predicate,
+        incremental_column,
+        lower,
+        lower_inclusive,
+        upper,
+        kind=kind,
+        upper_inclusive=upper_inclusive,
     )
     return f"SELECT {items} FROM {qualified_name(dialect, table)}{where_clause(conditions)}"
 
@@ -113,6 +124,34 @@ def max_query(
         items.append(f"{count}({quote_ident(dialect, column)}) AS {quote_ident(dialect, 'row_count')}")
     conditions = where_conditions(dialect, predicate, column, lower, lower_inclusive, None, kind=kind)
     return f"SELECT {', '.join(items)} FROM {qualified_name(dialect, table)}{where_clause(conditions)}"
+
+
+def active_rowversion_query() -> str:
+    """MSSQL: the exclusive upper bound of a rowversion window, MIN_ACTIVE_ROWVERSION() (see
+    `watermark`), rendered as `0x` + 16 hex digits."""
+    return f"SELECT CONVERT(VARCHAR(18), MIN_ACTIVE_ROWVERSION(), 1) AS {quote_ident('mssql', 'upper_value')}"
+
+
+def window_count_query(
+    dialect: str,
+    table: Table | tuple[str | None, str],
+    column: str,
+    predicate: str | None = None,
+    *,
+    kind: str,
+    lower: Any = None,
+    upper: Any,
+    upper_inclusive: bool,
+) -> str:
+    """The rows of a window whose upper bound was fixed by an earlier query (watermark values)."""
+    count = dialect_text(dialect).COUNT
+    conditions = where_conditions(
+        dialect, predicate, column, lower, True, upper, kind=kind, upper_inclusive=upper_inclusive
+    )
+    return (
+        f"SELECT {count}({quote_ident(dialect, column)}) AS {quote_ident(dialect, 'row_count')} "
+        f"FROM {qualified_name(dialect, table)}{where_clause(conditions)}"
+    )
 
 
 def count_query(dialect: str, table: Table | tuple[str | None, str], predicate: str | None = None) -> str:
