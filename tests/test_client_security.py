@@ -4,8 +4,9 @@ Kafka: `dpone run` runs in its own process (and its own Spark JVM and Python wor
 the real confluent-kafka clients on PYTHONPATH (tests/client_spy/sitecustomize.py): the
 configuration each Producer, Consumer and AdminClient was created with is recorded in the driver
 and in every Spark task, together with the topics each producer wrote to. The embedded broker
-speaks neither SASL nor TLS, so the spy creates the real client without the security settings
-*after* recording them; the assertions are on the recorded dicts, i.e. on what the project passed.
+speaks no SASL, so the spy creates the real client without the security settings *after*
+recording them; the assertions are on the recorded dicts, i.e. on what the project passed. TLS is
+also tested for real, end to end, in tests/test_tls.py.
 
 Schema Registry: a local HTTPS endpoint that requires a client certificate and a bearer token
 stands in for the registry's REST API (no registry server is installable here); the real

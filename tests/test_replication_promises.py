@@ -131,7 +131,7 @@ def test_pipelines_sharing_a_commit_group_fence_each_other(broker):
         )
 
     blue, green = spec("orders_blue"), spec("orders_green")
-    assert blue.transactional_id == green.transactional_id == "dpone-orders_copy-orders-0"
+    assert blue.transactional_id == green.transactional_id == "dpone:orders_copy:orders:0"
     first = TransactionalProducer(blue.producer_config, blue.transactional_id, 60_000)
     first.init()
     first.begin()
@@ -163,7 +163,7 @@ def test_control_topic_and_targets_take_the_cluster_default_replication_factor(b
     assert ctl in topics and f"dr.{src}" in topics
     plan = build_plan(manifest, probe=False)
     assert plan["sink"]["replication"]["control_topic"]["replication_factor"] == "-1 (the cluster's default.replication.factor)"
-    assert plan["sink"]["replication"]["transactional_ids"].startswith("dpone-k2k_rf-<source topic>-<partition>")
+    assert plan["sink"]["replication"]["transactional_ids"].startswith("dpone:k2k_rf:<source topic>:<partition>")
 
 
 def test_a_plain_run_reads_up_to_the_last_stable_offset_too(broker, spark, kafka_env, tmp_path):
@@ -189,3 +189,24 @@ state: {{type: local, path: {tmp_path}}}
     consumer = Consumer({"bootstrap.servers": bs, "group.id": "plain-tx-probe"})
     assert consumer.get_watermark_offsets(TopicPartition(src, 0), timeout=10)[1] >= second.committed_offsets[0]
     consumer.close()
+
+
+def test_a_task_of_an_earlier_version_is_fenced_before_the_offset_counts(broker, spark):
+    """During an upgrade a task of the earlier version (transactional id dpone-<pipeline>-<topic>-
+    <partition>) may still hold a transaction: the new task fences that id before it reads the
+    committed offset, so the old task can commit nothing more."""
+    bs = broker.bootstrap_servers
+    src, ctl = unique_topic("legacy"), unique_topic("ctl")
+    create_topic(bs, src, 1)
+    produce_json(bs, src, [{"n": i} for i in range(3)], partition=0)
+    manifest = replication_manifest("k2k_legacy", {"topic": src}, {"topic_mapping": "prefix", "prefix": "dr."}, ctl)
+    create_topic(bs, f"dr.{src}", 1)
+    old = TransactionalProducer({"bootstrap.servers": bs}, f"dpone-k2k_legacy-{src}-0", 60_000)
+    old.init()
+    old.begin()
+    old.produce(f"dr.{src}", value=b"old version")
+    old.flush(10)
+    assert run(manifest, spark, bs).committed_offsets == {src: {0: 3}}
+    with pytest.raises(ProducerFenced):
+        old.produce(f"dr.{src}", value=b"old version, again")
+        old.commit()

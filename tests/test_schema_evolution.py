@@ -367,3 +367,29 @@ def test_avro_compatibility_names_record_and_field_problems():
         "must: reader field has no default and the writer does not write it (new schema reading old records)"
     ]
     assert avro_issues(required, [REGISTERED], "FORWARD") == [] and avro_issues(renamed, [REGISTERED], "NONE") == []
+
+
+def test_a_named_record_used_twice_takes_the_new_fields_of_every_use():
+    """Address is defined at `billing` and referenced by `shipping` and `home`; each use brings a
+    field of its own: the one definition takes both, nothing the batch holds is left out."""
+    from dpone_dagster.schema.avro import avro_to_spark
+    from dpone_dagster.schema.avro_evolution import evolve_avro_schema
+
+    registered = {
+        "type": "record", "name": "Order", "namespace": "com.acme",
+        "fields": [
+            {"name": "billing", "type": {"type": "record", "name": "Address", "fields": [{"name": "street", "type": "string"}]}},
+            {"name": "shipping", "type": "Address"},
+            {"name": "home", "type": "Address"},
+        ],
+    }
+
+    def address(*extra: str) -> StructType:
+        return StructType([StructField("street", StringType(), False), *(StructField(n, StringType(), True) for n in extra)])
+
+    batch = struct(("billing", address(), False), ("shipping", address("zip"), False), ("home", address("x"), False))
+    evolved = evolve_avro_schema(registered, batch)
+    assert [f["name"] for f in evolved["fields"][0]["type"]["fields"]] == ["street", "zip", "x"]
+    assert evolved["fields"][1]["type"] == "Address" and evolved["fields"][2]["type"] == "Address"
+    home = next(f for f in avro_to_spark(evolved).fields if f.name == "home").dataType
+    assert {"zip", "x"} <= set(home.fieldNames())

@@ -18,6 +18,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from conftest import consume_all, create_topic, unique_topic
@@ -341,21 +342,26 @@ def test_bcp_export_is_removed_after_a_failed_run(
 
 
 def test_bcp_exports_left_by_killed_processes_are_swept(spark, stand_in_bcp):
-    """A driver killed mid-read leaves its export: the next export removes it when its process is
-    gone (or, where the owner cannot be checked, once it is 6 hours old) and keeps live ones."""
-    dead_pid = _exited_pid()
+    """A driver killed mid-read leaves its export: the next export removes it when no process holds
+    its lock any more — a pid reused since does not matter — keeps a live one (locked, here by a
+    process that stays alive), and removes an older version's export once 6 hours old."""
     host = socket.gethostname()
-    leftovers = {
-        "dead": stand_in_bcp / f"dpone_bcp.{host}.{dead_pid}.{uuid.uuid4().hex}",
-        "live": stand_in_bcp / f"dpone_bcp.{host}.{os.getpid()}.{uuid.uuid4().hex}",
-        "old_version": stand_in_bcp / "dpone_bcp_k2j4x9ab",
-        "old_version_fresh": stand_in_bcp / "dpone_bcp_z8y7w6vu",
-    }
+    killed = stand_in_bcp / f"dpone_bcp.{host}.{os.getpid()}.{uuid.uuid4().hex}"  # its pid is alive: reused
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from dpone_dagster.sources.sql.bcp import make_export_directory as m; "
+         "print(m(sys.argv[1])[0], flush=True); time.sleep(600)", str(stand_in_bcp)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    live = Path(holder.stdout.readline().strip())
+    leftovers = {"killed": killed, "old_version": stand_in_bcp / "dpone_bcp_k2j4x9ab", "old_version_fresh": stand_in_bcp / "dpone_bcp_z8y7w6vu"}
     for directory in leftovers.values():
         directory.mkdir()
         (directory / "export.dat").write_text('1\x1f"~personal data"\x1e')
+    (killed / ".lock").write_text("")  # the lock file of a run killed mid-read: nobody holds it
+    (live / "export.dat").write_text('1\x1f"~personal data"\x1e')
     day_ago = time.time() - 24 * 3600
-    os.utime(leftovers["old_version"], (day_ago, day_ago))
+    for leftover in (leftovers["old_version"], leftovers["old_version"] / "export.dat"):
+        os.utime(leftover, (day_ago, day_ago))
     source = SqlBatchSource(
         parse_manifest(bcp_manifest("t", "/nonexistent")), JdbcConnection(host="sql.local")
     )
@@ -372,17 +378,12 @@ def test_bcp_exports_left_by_killed_processes_are_swept(spark, stand_in_bcp):
         dialect="mssql",
         columns=BCP_COLUMNS,
     )
-    assert source.extract(spark, boundary).df.count() == 2
-    assert sorted(p.name for p in stand_in_bcp.iterdir()) == sorted(
-        leftovers[k].name for k in ("live", "old_version_fresh")
-    )
-
-
-def _exited_pid() -> int:
-    """The pid of a process that has exited (and been reaped)."""
-    child = subprocess.Popen(["true"])
-    child.wait()
-    return child.pid
+    try:
+        assert source.extract(spark, boundary).df.count() == 2
+        assert sorted(p.name for p in stand_in_bcp.iterdir()) == sorted([live.name, leftovers["old_version_fresh"].name])
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_mysql_odbc_session_is_put_on_utc():

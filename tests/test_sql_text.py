@@ -612,3 +612,12 @@ def test_bcp_terminators_are_validated():
     T.bcp_command("SELECT 1", "/tmp/x", "db", "d", "u", field_terminator="\t", row_terminator="\n")
     with pytest.raises(ValueError):
         T.bcp_command("SELECT 1", "/tmp/x", "db", "d", "u", password_env_var="BAD NAME")
+
+
+def test_mysql_utc_sessions_in_every_spelling():
+    from dpone_dagster.sources.sql.text.mysql import is_utc_session
+
+    for zone in ("+00:00", "UTC", "Etc/UTC", "GMT"):
+        assert is_utc_session(zone, "CEST")
+    assert is_utc_session("SYSTEM", "UTC") and is_utc_session("SYSTEM", "Etc/UTC")
+    assert not is_utc_session("SYSTEM", "CET") and not is_utc_session("+02:00", "UTC") and not is_utc_session("Europe/London", "UTC")

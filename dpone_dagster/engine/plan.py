@@ -111,7 +111,7 @@ def _replication_section(manifest: Manifest) -> dict[str, Any]:
     return {
         **replication.model_dump(exclude={"control_topic"}),
         "control_topic": _creation({**control.model_dump(), "commit_group": group}),
-        "transactional_ids": f"dpone-{group}-<source topic>-<partition> (one per source partition: "
+        "transactional_ids": f"dpone:{group}:<source topic>:<partition> (one per source partition: "
         "any other run committing this commit group's offsets is fenced)",
     }
 

@@ -8,6 +8,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from dpone_dagster.errors import ConfigError
 from dpone_dagster.kafka.config import driver_client_config
+from dpone_dagster.kafka.errors import client_failure
 from dpone_dagster.manifest.models import TopicCreation
 
 
@@ -16,7 +17,7 @@ def existing_topics(admin: AdminClient, timeout_s: float = 10.0) -> dict[str, in
     try:
         metadata = admin.list_topics(timeout=timeout_s)
     except Exception as exc:
-        raise ConfigError(f"cannot reach the Kafka cluster to list topics: {exc}") from exc
+        raise ConfigError(client_failure("cannot reach the Kafka cluster to list topics", admin, exc)) from exc
     return {name: len(info.partitions) for name, info in metadata.topics.items() if info.error is None}
 
 

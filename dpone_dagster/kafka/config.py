@@ -13,6 +13,8 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from dpone_dagster.kafka.errors import record_client_error
+
 if TYPE_CHECKING:  # annotations only: manifest.rules imports this module to validate delivery blocks
     from dpone_dagster.manifest.models import DeliveryOptions, Manifest
 
@@ -206,4 +208,4 @@ if not os.environ.get("DPONE_LIBRDKAFKA_LOG"):
 
 def driver_client_config(config: dict[str, Any]) -> dict[str, Any]:
     """Settings for clients created on the driver: librdkafka logs go to Python logging."""
-    return {**config, "logger": _DRIVER_LOG}
+    return {"error_cb": record_client_error, **config, "logger": _DRIVER_LOG}

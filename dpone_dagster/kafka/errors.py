@@ -4,12 +4,22 @@ per-message failure — each with the cause and the fix a person needs.
 The table follows the DeltaForge Kafka sink failure modes: broker unavailable / leader election /
 timeouts retry (bounded) then fail; authentication, authorization, SSL and unknown topics fail
 fast; a message too large fails that message permanently.
+
+A failed call on a client (list_topics, a flush) names only the symptom: `_TRANSPORT`, a time-out.
+The cause — a broker certificate the client could not verify, a refused authentication — reaches
+the client's `error_cb` instead, and only when the client is polled. `record_client_error` is that
+callback for the driver's clients; `client_failure` polls the failed client and leads the message
+with the cause it reported, classified by its text (TLS failures are named by the text, not by the
+error name: librdkafka reports them as `_SSL` or `_TRANSPORT`).
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 ErrorClass = Literal["retriable", "fail_fast", "permanent_message"]
 
@@ -53,9 +63,30 @@ _BY_NAME: dict[str, Classified] = {
 
 _UNKNOWN = Classified("fail_fast", "Kafka error", "see the error text")
 
+# librdkafka texts (checked before the error names) that say more than the name. A broker
+# certificate signed by a CA the client does not trust and one that does not name the host it was
+# reached by read the same ("certificate verify failed").
+_BY_TEXT: tuple[tuple[str, Classified], ...] = (
+    (
+        "certificate verify failed",
+        Classified(
+            "fail_fast",
+            "TLS certificate verification failed: the broker's certificate is not signed by a CA in the "
+            "connection's ssl_ca_location, or does not name the host in bootstrap_servers",
+            "set ssl_ca_location of the connection (env: <CONNECTION_ID>_SSL_CA_LOCATION) to the CA bundle that "
+            "signed the brokers' certificates, and connect by a name the certificates hold",
+        ),
+    ),
+    ("SSL handshake failed", _BY_NAME["_SSL"]),
+)
 
-def classify_kafka(name: str, retriable_flag: bool = False) -> Classified:
-    """Classify by librdkafka error name; `retriable_flag` is KafkaError.retriable()."""
+
+def classify_kafka(name: str, retriable_flag: bool = False, text: str = "") -> Classified:
+    """Classify by librdkafka error name; `retriable_flag` is KafkaError.retriable(), `text` its
+    str() (TLS failures are told apart by their text)."""
+    for pattern, classified in _BY_TEXT:
+        if pattern in text:
+            return classified
     found = _BY_NAME.get(name)
     if found is not None:
         return found
@@ -76,11 +107,63 @@ def classify_registry(status: int | None, text: str = "") -> Classified:
 
 
 def classify_text(text: str) -> Classified:
-    """Best effort for error strings that carry a librdkafka error name (delivery reports)."""
+    """Best effort for error strings that carry a librdkafka error name (delivery reports) or a
+    TLS failure's text."""
+    for pattern, classified in _BY_TEXT:
+        if pattern in text:
+            return classified
     for name, classified in _BY_NAME.items():
         if name in text:
             return classified
     return _UNKNOWN
+
+
+# --------------------------------------------------------------------------- errors clients report
+
+
+_REPORTED = threading.local()  # error_cb runs in the thread that polls the client
+
+
+def _reported() -> deque[str]:
+    seen = getattr(_REPORTED, "errors", None)
+    if seen is None:
+        seen = _REPORTED.errors = deque(maxlen=32)
+    return seen
+
+
+def record_client_error(error: Any) -> None:
+    """`error_cb` of the driver's clients: keeps the last errors a client reported on its own."""
+    try:
+        _reported().append(f"{error.name()}: {error.str()}")
+    except Exception:  # an error callback must never raise into librdkafka's poll
+        pass
+
+
+def reported_cause(reported: Iterable[str]) -> tuple[Classified, str] | None:
+    """The first error among `reported` that fails fast for a known reason, with its text."""
+    for text in reported:
+        classified = classify_text(text)
+        if classified.kind == "fail_fast" and classified is not _UNKNOWN:
+            return classified, text
+    return None
+
+
+def client_failure(what: str, client: Any, failure: BaseException | str) -> str:
+    """The message for a call that failed on a driver client created with `record_client_error`
+    as its error_cb: `what: failure`, or — when the client reported why it cannot talk to the
+    brokers — `what: cause (its text); fix: ...`. Polls the client once to serve its queued errors
+    (a consumer must not be assigned, or a record it returns is dropped)."""
+    seen = _reported()
+    seen.clear()
+    try:
+        client.poll(0)
+    except Exception:  # the failure being explained is what matters
+        pass
+    cause = reported_cause(list(seen))
+    if cause is None:
+        return f"{what}: {failure}"
+    classified, text = cause
+    return f"{what}: {classified.message(text)}"
 
 
 def message_too_large(key: bytes | None, value: bytes | None, headers: list | None, max_bytes: int) -> bool:

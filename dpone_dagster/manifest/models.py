@@ -273,8 +273,16 @@ class ControlTopicOptions(StrictModel):
     """Compacted topic on the TARGET cluster holding replicated source offsets (exactly_once)."""
 
     name: str = "__dpone_replication_offsets"
-    # Isolates pipelines sharing one control topic; defaults to the manifest name.
-    commit_group: str | None = None
+    # Isolates pipelines sharing one control topic; defaults to the manifest name. Part of the
+    # replication tasks' transactional ids (dpone:<commit_group>:<topic>:<partition>): no ':'.
+    commit_group: str | None = Field(default=None, min_length=1)
+
+    @field_validator("commit_group")
+    @classmethod
+    def _no_colon(cls, value: str | None) -> str | None:
+        if value is not None and ":" in value:
+            raise ValueError(f"{value!r} holds ':', which separates the parts of the replication tasks' transactional ids; use another character")
+        return value
     create: bool = True
     partitions: int = Field(default=1, gt=0)
     # -1: the cluster's default.replication.factor. One replica would lose the committed offsets

@@ -35,7 +35,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from dpone_dagster.errors import ConfigError, RunFailed
 from dpone_dagster.kafka.config import driver_client_config
-from dpone_dagster.kafka.inspect import make_consumer, topic_partitions
+from dpone_dagster.kafka.errors import client_failure
+from dpone_dagster.kafka.inspect import TopicMissing, make_consumer, topic_partitions
 from dpone_dagster.manifest.models import ControlTopicOptions, Manifest
 from dpone_dagster.state.base import RunRecord
 
@@ -194,7 +195,7 @@ def ensure_control_topic(client_config: dict[str, Any], options: ControlTopicOpt
     try:
         metadata = admin.list_topics(timeout=10)
     except Exception as exc:
-        raise ConfigError(f"cannot reach the target Kafka cluster to check the control topic: {exc}") from exc
+        raise ConfigError(client_failure("cannot reach the target Kafka cluster to check the control topic", admin, exc)) from exc
     info = metadata.topics.get(options.name)
     if info is not None and info.error is None:
         _warn_unless_compacted(admin, options.name, log)
@@ -281,7 +282,7 @@ def snapshot_control_topic(
     try:
         try:
             partitions = topic_partitions(consumer, control_topic)
-        except ConfigError:
+        except TopicMissing:
             if missing_ok:
                 return ControlSnapshot({}, True, {})
             raise

@@ -170,8 +170,13 @@ class ReplicationSpec:
     def transactional_id(self) -> str:
         # Stable per commit group and source partition, the key its offsets are committed under: a
         # retried or zombie task reuses it and is fenced, and so is any other pipeline committing
-        # the same offsets (a rename, a blue/green switch sharing the commit group).
-        return f"dpone-{self.commit_group}-{self.source_topic}-{self.source_partition}"
+        # the same offsets (a rename, a blue/green switch sharing the commit group). ':' never
+        # occurs in a topic name (nor in a commit group, manifest rule), so no two keys share an id.
+        return f"dpone:{self.commit_group}:{self.source_topic}:{self.source_partition}"
+
+    def legacy_transactional_id(self, pipeline: str) -> str:
+        """The id earlier versions gave `pipeline`'s task of this partition."""
+        return f"dpone-{pipeline}-{self.source_topic}-{self.source_partition}"
 
 
 # --------------------------------------------------------------------------- transactional producer
@@ -515,21 +520,40 @@ def _transaction_with_retries(
 
 
 def committed_offset(spec: ReplicationSpec) -> int | None:
-    """The control topic's offset for this partition, read after the producer fenced older ones."""
-    entries = read_control_topic(
-        spec.target_config,
-        spec.control_topic,
-        spec.commit_group,
-        [spec.source_topic],
-        timeout_s=spec.transaction_timeout_ms / 1000 + READ_MARGIN_S,
-    )
-    entry = entries.get((spec.source_topic, spec.source_partition))
+    """The control topic's offset for this partition, read after the producer fenced older ones.
+
+    A task of an earlier version (an upgrade in progress, or the other pipeline of a blue/green
+    pair still on it) used a per-pipeline id that the commit group's id does not fence: its id is
+    fenced too (init_transactions aborts its open transaction) before the offset counts, the id of
+    this pipeline and of the pipeline that committed the partition last."""
+    fenced = {spec.legacy_transactional_id(spec.pipeline)}
+    _fence(spec, spec.legacy_transactional_id(spec.pipeline))
+    while True:
+        entries = read_control_topic(
+            spec.target_config,
+            spec.control_topic,
+            spec.commit_group,
+            [spec.source_topic],
+            timeout_s=spec.transaction_timeout_ms / 1000 + READ_MARGIN_S,
+        )
+        entry = entries.get((spec.source_topic, spec.source_partition))
+        writer = entry.value.get("pipeline") if entry is not None else None
+        legacy = spec.legacy_transactional_id(str(writer)) if writer else None
+        if legacy is None or legacy in fenced:
+            break
+        fenced.add(legacy)
+        _fence(spec, legacy)  # then read again: its transaction may have ended meanwhile
     if entry is None:
         return None
     conflict = target_conflict(spec.source_topic, spec.source_partition, entry, spec.target_topic, spec.commit_group)
     if conflict is not None:  # the plan checked it; a concurrent change of the mapping lands here
         raise TargetChanged(conflict)
     return entry.offset
+
+
+def _fence(spec: ReplicationSpec, transactional_id: str) -> None:
+    """Bump `transactional_id`'s epoch: a producer still holding it can commit nothing more."""
+    TransactionalProducer(spec.producer_config, transactional_id, spec.transaction_timeout_ms, spec.max_attempts).init(spec.init_timeout_s)
 
 
 def replicate_range(spec: ReplicationSpec) -> dict[str, Any]:

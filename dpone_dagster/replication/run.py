@@ -20,6 +20,7 @@ from pyspark.sql import SparkSession
 from dpone_dagster.errors import ConfigError, RunFailed
 from dpone_dagster.kafka.admin import ensure_sink_topic, existing_topics
 from dpone_dagster.kafka.config import driver_client_config, producer_config
+from dpone_dagster.kafka.errors import client_failure
 from dpone_dagster.kafka.inspect import make_consumer, topic_partitions, verified_watermarks
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.redact import redact_text
@@ -140,7 +141,7 @@ def _source_layout(
         try:
             metadata = consumer.list_topics(timeout=10)
         except Exception as exc:
-            raise ConfigError(f"cannot reach the source Kafka cluster to list topics: {exc}") from exc
+            raise ConfigError(client_failure("cannot reach the source Kafka cluster to list topics", consumer, exc)) from exc
         names = [name for name, info in metadata.topics.items() if info.error is None]
         sources = resolve_source_topics(names, source.topic, source.topics, source.topic_pattern)
         return sources, {topic: topic_partitions(consumer, topic) for topic in sources}

@@ -37,7 +37,28 @@ def evolve_avro_schema(registered: Mapping[str, Any] | str, result: StructType) 
     if not isinstance(schema, dict) or schema.get("type") != "record":
         raise ConfigError("the registered Avro schema must be a record at the top level")
     _Evolver(schema).record(schema, result, schema.get("namespace"), "")
+    missing = _missing_fields(result, avro.avro_to_spark(schema))
+    if missing:  # never register a schema the encoder would silently leave fields out of
+        raise ConfigError(f"the registered Avro schema could not take field(s) {missing} of the batch; nothing was registered")
     return schema
+
+
+def _missing_fields(wanted: DataType, have: DataType, path: str = "") -> list[str]:
+    """Field paths of `wanted` that `have` lacks (pure)."""
+    if isinstance(wanted, StructType) and isinstance(have, StructType):
+        present = {f.name: f.dataType for f in have.fields}
+        out: list[str] = []
+        for field in wanted.fields:
+            if field.name not in present:
+                out.append(f"{path}{field.name}")
+            else:
+                out.extend(_missing_fields(field.dataType, present[field.name], f"{path}{field.name}."))
+        return out
+    if isinstance(wanted, ArrayType) and isinstance(have, ArrayType):
+        return _missing_fields(wanted.elementType, have.elementType, f"{path}[]")
+    if isinstance(wanted, MapType) and isinstance(have, MapType):
+        return _missing_fields(wanted.valueType, have.valueType, f"{path}{{}}")
+    return []
 
 
 def _plain(dtype: DataType) -> DataType:
@@ -65,7 +86,6 @@ class _Evolver:
         self.reader = avro.AvroReader()
         self.reader.read(schema, schema.get("namespace"))
         self.used = {_simple_name(name) for name in self.reader.named}
-        self.done: set[str] = set()  # named records already changed where they are defined
 
     def view(self, node: Any, namespace: str | None) -> tuple[DataType, bool]:
         return self.reader.read(node, namespace)
@@ -111,10 +131,10 @@ class _Evolver:
         if isinstance(node, str):
             found = self.reader.definition(node, namespace)
             if found is not None and isinstance(dtype, StructType) and found[1].get("type") in ("record", "error"):
-                fullname, definition, ns = found
-                if fullname not in self.done:
-                    self.done.add(fullname)
-                    self.record(definition, dtype, ns, f"{path}.")
+                # Changed where it is defined, at every reference: each use may add fields of its own
+                # (record() adds only what is missing, so a second use costs nothing).
+                _, definition, ns = found
+                self.record(definition, dtype, ns, f"{path}.")
                 return node
             return self.fresh(dtype, record_name, path)
         if isinstance(node, dict):

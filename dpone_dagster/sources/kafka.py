@@ -104,7 +104,7 @@ class KafkaBatchSource:
         start/end timestamps apply to read_mode time_window. `recorded`: the offset ranges earlier
         runs recorded per window (kafka/windows.py), binding partition windows.
         """
-        consumer = inspect.make_consumer(self.client_config, self.group_id)
+        consumer = inspect.make_consumer(self.client_config, self.group_id, self._isolation())
         try:
             partitions = inspect.topic_partitions(consumer, self.topic)
             watermarks = inspect.verified_watermarks(consumer, self.topic, partitions)
@@ -173,6 +173,11 @@ class KafkaBatchSource:
         if self.options.retention_gap_policy == "fail":
             raise RunFailed(message + "; set source.options.on_retention_gap: warn to run it anyway")
         return [f"warning: {message}"]
+
+    def _isolation(self) -> dict[str, Any]:
+        """The read tasks' isolation level, when source.options.consumer_config sets one."""
+        level = self.options.consumer_config.get("isolation.level")
+        return {"isolation.level": level} if level is not None else {}
 
     def complete_since_ms(self) -> int | None:
         """The instant from which every partition still holds every record: the newest timestamp of

@@ -10,6 +10,7 @@ the next bcp export under the same directory (`sweep_stale_exports`).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -45,14 +46,15 @@ def read_bcp(source: JdbcTable, spark: SparkSession, boundary: SqlBoundary, log:
     swept = sweep_stale_exports(root)
     if swept:
         log(f"extract: removed {swept} bcp export(s) left by runs that ended without removing them")
-    directory = make_export_directory(root)
+    directory, lock = make_export_directory(root)
     try:
         path = os.path.join(directory, "export.dat")
         _export(source, query, path, executable, log)
         return _keep_rows(read_bcp_file(spark, path, specs))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-        log("extract: bcp export removed")
+        os.close(lock)  # held until the export is gone: a sweep never takes a live export
+        log("extract: bcp export removed" if not os.path.exists(directory) else f"extract: could not remove the bcp export {directory}")
 
 
 def _bcp_executable(source: JdbcTable, boundary: SqlBoundary) -> str:
@@ -121,13 +123,14 @@ def _error_classes(exc: BaseException) -> str:
 
 # --------------------------------------------------------------------------- export files
 #
-# Each export has a directory of its own, named after the host and process that made it, so that
-# a later run can tell the leftovers of a killed process (removed) from a live export (kept).
+# Each export has a directory of its own holding a lock file that its run keeps locked (flock)
+# until the directory is gone: a later run tells the leftovers of a killed process (the lock is
+# free: removed) from a live export (locked: kept), on any host that shares the directory's locks.
 
 EXPORT_PREFIX = "dpone_bcp."
 LEGACY_PREFIX = "dpone_bcp_"  # exports of versions that never removed them
-STALE_EXPORT_S = 6 * 3600  # leftovers whose owner cannot be checked (another host, an older version)
-_OWNED = re.compile(r"^dpone_bcp\.(?P<host>.+)\.(?P<pid>\d+)\.[0-9a-f]{32}$")
+LOCK_FILE = ".lock"
+STALE_EXPORT_S = 6 * 3600  # leftovers without a lock file (an older version), by their newest file
 
 
 def export_root() -> str:
@@ -136,11 +139,14 @@ def export_root() -> str:
     return os.environ.get("DPONE_BCP_DIR") or tempfile.gettempdir()
 
 
-def make_export_directory(root: str) -> str:
-    """A new directory for one export, readable by this user only."""
+def make_export_directory(root: str) -> tuple[str, int]:
+    """A new directory for one export, readable by this user only, and the descriptor of its lock
+    file, locked (close it once the directory is removed)."""
     path = os.path.join(root, f"{EXPORT_PREFIX}{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex}")
     os.mkdir(path, 0o700)
-    return path
+    lock = os.open(os.path.join(path, LOCK_FILE), os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    return path, lock
 
 
 def sweep_stale_exports(root: str, now: float | None = None) -> int:
@@ -152,33 +158,38 @@ def sweep_stale_exports(root: str, now: float | None = None) -> int:
         return 0
     removed = 0
     for name in names:
+        if not (name.startswith(EXPORT_PREFIX) or name.startswith(LEGACY_PREFIX)):
+            continue  # not an export
         path = os.path.join(root, name)
-        if _stale(name, path, now):
+        if _stale(path, now):
             shutil.rmtree(path, ignore_errors=True)
             removed += 1
     return removed
 
 
-def _stale(name: str, path: str, now: float) -> bool:
-    owned = _OWNED.match(name)
-    if owned and owned["host"] == socket.gethostname():
-        return not _alive(int(owned["pid"]))
-    if not (owned or name.startswith(LEGACY_PREFIX)):
-        return False  # not an export
+def _stale(path: str, now: float) -> bool:
     try:
-        return now - os.stat(path).st_mtime >= STALE_EXPORT_S
+        lock = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR)
+    except FileNotFoundError:
+        return _untouched_for(path, now) >= STALE_EXPORT_S  # an older version's, or half made
     except OSError:
         return False
-
-
-def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False  # its run holds the lock: live
+    finally:
+        os.close(lock)
     return True
+
+
+def _untouched_for(path: str, now: float) -> float:
+    """Seconds since anything in `path` was last written."""
+    try:
+        stamps = [os.stat(path).st_mtime, *(os.stat(os.path.join(path, n)).st_mtime for n in os.listdir(path))]
+    except OSError:
+        return 0.0
+    return now - max(stamps)
 
 
 def read_bcp_file(

@@ -132,14 +132,15 @@ class JdbcTable:
         if self.dialect != "mysql":
             return
         rows = self.run_query(spark, T.MYSQL_SESSION_ZONE_QUERY, "read the session time zone")
-        zone = str(rows[0][0]) if rows else None
-        if zone in T.MYSQL_UTC_ZONE_NAMES:
+        zone, system_zone = (str(rows[0][0]), str(rows[0][1])) if rows else (None, None)
+        if T.mysql_is_utc_session(zone, system_zone):
             return
         raise ConfigError(
             f"the MySQL/MariaDB session time zone is {zone}, not UTC: TIMESTAMP values would arrive shifted "
             "by its offset. The engine sets time_zone='+00:00' through the connection property "
-            "sessionVariables. Fix: remove sessionVariables from the connection's jdbc_url (it overrides the "
-            "property), or use a driver that honours sessionVariables (source.options.jdbc_driver)."
+            "sessionVariables, keeping any other variables the connection's properties set. Fix: move "
+            "sessionVariables from the connection's jdbc_url into its properties (in the URL they override the "
+            "engine's), or use a driver that honours sessionVariables (source.options.jdbc_driver)."
         )
 
     def _driver_fix(self, name: str) -> str:

@@ -66,6 +66,7 @@ from dpone_dagster.sources.sql.text.lookback import apply_lookback, parse_durati
 from dpone_dagster.sources.sql.text.mysql import SESSION_ZONE_QUERY as MYSQL_SESSION_ZONE_QUERY
 from dpone_dagster.sources.sql.text.mysql import UTC_SESSION as MYSQL_UTC_SESSION
 from dpone_dagster.sources.sql.text.mysql import UTC_ZONE_NAMES as MYSQL_UTC_ZONE_NAMES
+from dpone_dagster.sources.sql.text.mysql import is_utc_session as mysql_is_utc_session
 from dpone_dagster.sources.sql.text.mysql import session_variables as mysql_session_variables
 from dpone_dagster.sources.sql.text.mysql import utc_from_zone_query as mysql_utc_from_zone_query
 from dpone_dagster.sources.sql.text.queries import (
@@ -103,6 +104,7 @@ __all__ = [
     "MYSQL_SESSION_ZONE_QUERY",
     "MYSQL_UTC_SESSION",
     "MYSQL_UTC_ZONE_NAMES",
+    "mysql_is_utc_session",
     "ZERO_LSN",
     "BcpColumn",
     "BcpCommand",

@@ -98,8 +98,16 @@ def hash_partition(quoted: str, num_partitions: int, index: int) -> str:
 
 UTC_ZONE = "+00:00"
 UTC_SESSION = f"time_zone='{UTC_ZONE}'"
-UTC_ZONE_NAMES = ("+00:00", "-00:00", "+0:00", "UTC")
-SESSION_ZONE_QUERY = "SELECT @@SESSION.time_zone AS `time_zone`"
+# The spellings of UTC a session's time_zone (or, for SYSTEM, the server's system zone) may show.
+UTC_ZONE_NAMES = ("+00:00", "-00:00", "+0:00", "UTC", "Etc/UTC", "GMT", "Etc/GMT", "Universal", "Etc/Universal", "Zulu", "Z", "Coordinated Universal Time")
+SESSION_ZONE_QUERY = "SELECT @@SESSION.time_zone AS `time_zone`, @@system_time_zone AS `system_zone`"
+
+
+def is_utc_session(zone: str | None, system_zone: str | None) -> bool:
+    """Whether a session shows TIMESTAMP values in UTC (pure)."""
+    if zone == "SYSTEM":
+        return system_zone in UTC_ZONE_NAMES
+    return zone in UTC_ZONE_NAMES
 
 # One `name=value` assignment of sessionVariables: commas inside quotes do not separate.
 _ASSIGNMENT = re.compile(r"""(?:'[^']*'|"[^"]*"|[^,'"])+""")
