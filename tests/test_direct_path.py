@@ -9,6 +9,7 @@ import os
 import random
 import shutil
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,35 @@ def test_repeated_keys_keep_the_record_the_spark_sql_path_keeps(broker, spark, k
     assert direct.duplicates_removed == sql.duplicates_removed == 310
     assert len(direct_records) == 50
     assert messages(direct_records) == messages(sql_records)
+
+
+@pytest.mark.parametrize("strategy", ["{mode: incremental_append, unique_key: order_id}", "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}"])
+def test_an_avro_sink_writes_what_the_spark_sql_path_writes(broker, spark, kafka_env, tmp_path, monkeypatch, strategy):
+    """Seed 001's sink: the value schema derived from the batch, registered in the registry, each
+    value framed with its id. Nested objects, arrays, nulls, doubles and text of every kind, keys
+    repeated across partitions: the same bytes on both paths, and the schema registered once."""
+    from dpone_dagster.schema.registry import registry_client
+
+    url = f"mock://{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", url)
+    bs = broker.bootstrap_servers
+    src = unique_topic("dsrc")
+    create_topic(bs, src, 3)
+    repeat = 700 if "merge" in strategy else 10**9
+    for p in range(3):
+        produce_json(bs, src, [{**o, "order_id": o["order_id"] % repeat} for o in orders(400, p * 400)], partition=p)
+    (direct, direct_records), (sql, sql_records) = run_both(
+        bs, spark, src, tmp_path, monkeypatch, strategy, "message_format: avro, schema_registry: {enabled: true}"
+    )
+    assert direct.execution_path == "direct" and sql.execution_path == "spark_sql"
+    assert len(direct_records) == direct.messages_produced == sql.messages_produced
+    # Each target's subject (named after its topic) has its own id; past the frame, the same bytes.
+    for result, records in ((direct, direct_records), (sql, sql_records)):
+        assert {r["value"][:5] for r in records} == {b"\x00" + result.schema_evolution["schema_id"].to_bytes(4, "big")}
+    assert messages([{**r, "value": r["value"][5:]} for r in direct_records]) == messages([{**r, "value": r["value"][5:]} for r in sql_records])
+    client = registry_client({"url": url})
+    [direct_subject] = [s for s in client.get_subjects() if s.startswith("d_direct")]
+    assert client.get_versions(direct_subject) == [1]  # registered once
 
 
 def test_append_without_repeats_and_with_null_or_composite_keys(broker, spark, kafka_env, tmp_path, monkeypatch):

@@ -23,6 +23,7 @@ import pyarrow.ipc as ipc
 
 from dpone_dagster.direct.keys import TaskHashes, key_hashes
 from dpone_dagster.direct.progress import Slice
+from dpone_dagster.formats import avro_values
 from dpone_dagster.sinks import json_encode
 from dpone_dagster.sinks.kafka import ProducerSettings, produce_batches
 from dpone_dagster.sources.kafka_reader import ReaderSettings, read_one_range
@@ -48,6 +49,9 @@ class DirectSettings:
     max_message_bytes: int  # a larger message goes to the Spark SQL path (bad-record policy)
     run_id: str
     windows: tuple[WindowRange, ...] = ()  # a time-window read: where late records are counted
+    avro_schema: str | None = None  # an Avro sink: values encoded with this schema (unframed)
+    frame_bytes: int = 0  # bytes the frame adds to each value (counted in the size limit)
+    value_prefix: bytes = b""  # the frame, once the schema is registered (set before producing)
 
 
 @dataclass(frozen=True)
@@ -75,15 +79,16 @@ def shape(settings: DirectSettings, raw: pa.RecordBatch) -> pa.RecordBatch:
     if columns is None:
         raise Refused("a value the task decoder leaves to Spark (corrupt, another type, or a field beyond the schema)")
     try:
-        value = json_encode.encode_object(columns, settings.schema.names)
+        if settings.avro_schema is not None:
+            value = avro_values.encode_values(columns, settings.schema.names, settings.avro_schema)
+        else:
+            value = json_encode.encode_object(columns, settings.schema.names).cast(pa.binary())
         key = render_key(columns, settings.schema, settings.key_columns)
-    except json_encode.Unencodable as exc:
+    except (json_encode.Unencodable, avro_values.Unencodable) as exc:
         raise Refused(str(exc)) from exc
     if settings.key_columns is not None and key.null_count:
         raise Refused("a record without its unique key")
-    return pa.RecordBatch.from_arrays(
-        [key, value.cast(pa.binary()), raw.column("offset"), raw.column("timestamp")], names=MESSAGE_SCHEMA.names
-    )
+    return pa.RecordBatch.from_arrays([key, value, raw.column("offset"), raw.column("timestamp")], names=MESSAGE_SCHEMA.names)
 
 
 def render_key(columns: list[pa.Array], schema: pa.Schema, key_columns: tuple[int, ...] | None) -> pa.Array:
@@ -121,7 +126,7 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                         offsets, stamps = messages.column("offset").to_numpy(), messages.column("timestamp").to_numpy()
                         for index, n in late_counts(settings.windows, piece[1], offsets, stamps).items():
                             late[index] = late.get(index, 0) + n
-                    lengths = pc.add(pc.binary_length(messages.column("value")), _key_lengths(messages))
+                    lengths = pc.add(pc.add(pc.binary_length(messages.column("value")), _key_lengths(messages)), settings.frame_bytes)
                     largest = pc.max(lengths).as_py() or 0
                     if largest > settings.max_message_bytes:
                         raise Refused(f"a message of {largest} bytes exceeds message.max.bytes {settings.max_message_bytes}")
@@ -175,12 +180,17 @@ def produce(
     """Produce the messages of `slices` except the source offsets in `skip` (per partition); yields
     the delivery statistics rows of sinks/kafka.py. Spill files are removed once produced."""
 
+    prefix = pa.scalar(settings.value_prefix, pa.binary())
+
     def messages() -> Iterator[pa.RecordBatch]:
         for piece in slices:
             dropped = skip.get(piece[1])
             for batch in _messages(settings, piece):
                 if dropped is not None and len(dropped):
                     batch = batch.filter(pa.array(~np.isin(batch.column("offset").to_numpy(), dropped)))
+                if settings.value_prefix:  # the registered schema's frame
+                    framed = pc.binary_join_element_wise(prefix, batch.column("value"), pa.scalar(b"", pa.binary()))
+                    batch = pa.RecordBatch.from_arrays([batch.column("key"), framed], names=["key", "value"])
                 yield batch.select(["key", "value"])
 
     try:

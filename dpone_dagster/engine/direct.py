@@ -40,6 +40,7 @@ from pyspark.sql import SparkSession
 
 from dpone_dagster.direct import task
 from dpone_dagster.direct.keys import candidates
+from dpone_dagster.engine import direct_registry
 from dpone_dagster.engine.direct_load import produce_all, storing_rule
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
@@ -52,7 +53,9 @@ from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.kafka.delivery import aggregate
 from dpone_dagster.manifest.models import KafkaSink, KafkaSource, Manifest
 from dpone_dagster.quality.gates import check_stage
+from dpone_dagster.schema.wire_format import frame
 from dpone_dagster.sinks import kafka_messages
+from dpone_dagster.sinks.registry import PreparedSchema
 from dpone_dagster.sources.kafka import KafkaBatchSource
 from dpone_dagster.spark import arrow_json
 from dpone_dagster.spark.jobs import MARGIN_S, BoundedJobs, deadline_s, waves
@@ -78,8 +81,11 @@ def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
         return "the source is not a Kafka topic"
     if not isinstance(sink, KafkaSink) or sink.type != "kafka":
         return "the sink is not Kafka"
-    if source.options.message_format != "json" or sink.options.message_format != "json":
-        return "a Schema Registry format"
+    if source.options.message_format != "json":
+        return "a Schema Registry source format"
+    format_reason = direct_registry.refusal(manifest)
+    if format_reason is not None:
+        return format_reason
     if planned.boundary.method not in ("offsets", "max_records", "time_window"):
         return f"read_mode {planned.boundary.method}"
     if isinstance(planned.source, LateRecordScreen) and planned.source.policy == "dead_letter":
@@ -107,13 +113,16 @@ def copy(
     result: RunResult,
     sink_config: dict,
     log: Log,
+    registry_config: dict | None = None,
 ) -> Delivered | None:
     """Run the batch on the direct path, with the stages of the Spark SQL path (extract, gates,
     shape, load); None when it must take the Spark SQL path (nothing was produced then; what this
-    path measured and judged is taken back, the reason is noted)."""
+    path measured and judged is taken back, the reason is noted). `registry_config`: the sink's
+    Schema Registry, for an Avro sink."""
     reason = refusal(manifest, planned)
+    prepared = None
     if reason is None:
-        settings, reason = _settings(manifest, planned, sink_config, result.run_id)
+        settings, prepared, reason = _settings(manifest, planned, sink_config, result.run_id, registry_config)
     if reason is not None:
         log(f"direct path: not taken ({reason})")
         return None
@@ -161,6 +170,8 @@ def copy(
     producer = producer_settings(manifest, sink_config)
     checkpoint = storing_rule(manifest, planned.checkpoint, removed, result)
     try:
+        if prepared is not None:  # every gate passed: the schema may be registered now
+            settings = replace(settings, value_prefix=direct_registry.register(manifest, prepared, registry_config, result))
         with stage(result, "load", log):
             rows_of_stats = produce_all(jobs, slots, settings, producer, groups, skip, boundary, checkpoint, log, result)
         stats = aggregate(rows_of_stats)
@@ -181,28 +192,32 @@ def _remove_spills(spark: SparkSession, jobs: BoundedJobs, settings: task.Direct
 
 
 def _settings(
-    manifest: Manifest, planned: PlannedRead, sink_config: dict, run_id: str
-) -> tuple[task.DirectSettings | None, str | None]:
-    """The tasks' settings from the batch's JSON plan, or why the direct path cannot decode it."""
+    manifest: Manifest, planned: PlannedRead, sink_config: dict, run_id: str, registry_config: dict | None
+) -> tuple[task.DirectSettings | None, PreparedSchema | None, str | None]:
+    """The tasks' settings from the batch's JSON plan (and the sink's prepared Avro schema), or why
+    the direct path cannot decode or encode it."""
     source = _batch_source(planned)
     assert source is not None  # refusal() checked it
     plan = source.json_plan(planned.boundary)
     if plan.envelope != "flat":
-        return None, f"source envelope {plan.envelope}"
+        return None, None, f"source envelope {plan.envelope}"
     schema = arrow_json.arrow_schema(plan.schema)
     if schema is None or not len(schema):
-        return None, "a payload type the task decoder does not read"
+        return None, None, "a payload type the task decoder does not read"
     sink = manifest.sink
     names = list(schema.names)
     reserved = sorted(n for n in names if n.startswith("__dpone__"))
     if reserved:
-        return None, f"payload fields named like the engine's own columns {reserved}"
+        return None, None, f"payload fields named like the engine's own columns {reserved}"
     key_columns: tuple[int, ...] | None = None
     if sink.options.key.mode == "unique_key" and sink.strategy.unique_key_columns:
         missing = [c for c in sink.strategy.unique_key_columns if c not in names]
         if missing:
-            return None, f"unique_key column(s) {missing} not in the batch"
+            return None, None, f"unique_key column(s) {missing} not in the batch"
         key_columns = tuple(names.index(c) for c in sink.strategy.unique_key_columns)
+    prepared, reason = direct_registry.prepare(manifest, plan.schema, registry_config)
+    if reason is not None:
+        return None, None, reason
     limit = int(producer_config(sink_config, sink.options.delivery).get("message.max.bytes", 1_000_000))
     return (
         task.DirectSettings(
@@ -217,7 +232,10 @@ def _settings(
                 for index, window in enumerate(planned.boundary.windows)
                 for r in window["partitions"]
             ),
+            avro_schema=prepared.schema_str if prepared is not None else None,
+            frame_bytes=len(frame(0, b"")) if prepared is not None else 0,
         ),
+        prepared,
         None,
     )
 

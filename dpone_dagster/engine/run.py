@@ -26,7 +26,7 @@ from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.bad_records import screen_undecodable
 from dpone_dagster.engine.stages.boundary import PlannedRead, plan_read
 from dpone_dagster.engine.stages.commit import commit, finish_checks_only, run_record
-from dpone_dagster.engine.stages.extract import extract
+from dpone_dagster.engine.stages.extract import extract, writes_registry_format
 from dpone_dagster.engine.stages.gates import pre_publish_gates
 from dpone_dagster.engine.stages.load import Delivered, load, prepare_sink, publish_dead_letters
 from dpone_dagster.engine.stages.reconcile import reconcile
@@ -97,7 +97,8 @@ def _run(
         log(f"plan: {planned.name}")
     with stage(result, "preflight", log):
         target_before = prepare_sink(manifest, sink_config)
-    delivered = direct.copy(manifest, spark, planned, result, sink_config, log) if request.publish else None
+    registry = clients.registry(manifest.sink) if writes_registry_format(manifest) and request.publish else None
+    delivered = direct.copy(manifest, spark, planned, result, sink_config, log, registry) if request.publish else None
     if delivered is None:
         delivered = _through_spark_sql(manifest, spark, request, planned, result, sink_config, log)
     if delivered is not None:

@@ -81,14 +81,49 @@ def plan_registry_write(manifest: Manifest, source_schema: StructType, registry_
         return _plan_registry_write(manifest, source_schema, registry_config)
 
 
+@dataclass(frozen=True)
+class PreparedSchema:
+    """The value schema a run writes with, planned from the subject (nothing registered yet)."""
+
+    fmt: str
+    subject: str
+    schema_str: str
+    evolution: EvolutionPlan | None
+    result: StructType  # the schema's fields as Spark types (what the key subject derives from)
+
+
+def prepare_registry_schema(manifest: Manifest, source_schema: StructType, registry_config: dict[str, Any]) -> PreparedSchema:
+    """The evolved value schema of an Avro or JSON Schema sink, refused when breaking; reads the
+    registry, writes nothing (register it with `register_prepared`)."""
+    with registry_errors(registry_config):
+        return _prepare(manifest, source_schema, registry_client(registry_config))
+
+
+def register_prepared(manifest: Manifest, prepared: PreparedSchema, registry_config: dict[str, Any]) -> RegistryWritePlan:
+    """Register a prepared value schema (and the key subject's, for registry-encoded keys)."""
+    with registry_errors(registry_config):
+        return _register(manifest, prepared, registry_client(registry_config))
+
+
 def _plan_registry_write(manifest: Manifest, source_schema: StructType, registry_config: dict[str, Any]) -> RegistryWritePlan:
+    client = registry_client(registry_config)
+    if manifest.sink.options.message_format == "protobuf":
+        return _protobuf_plan(manifest, client)
+    return _register(manifest, _prepare(manifest, source_schema, client), client)
+
+
+def _register(manifest: Manifest, prepared: PreparedSchema, client: Any) -> RegistryWritePlan:
+    auto = manifest.sink.options.schema_registry.auto_register_schemas
+    schema_id = ensure_registered(client, prepared.subject, prepared.schema_str, schema_type_of(prepared.fmt), auto)
+    key = _key_encoding(manifest, client, prepared.result)
+    return RegistryWritePlan(prepared.fmt, prepared.subject, schema_id, prepared.schema_str, prepared.evolution, key=key)
+
+
+def _prepare(manifest: Manifest, source_schema: StructType, client: Any) -> PreparedSchema:
     sink: KafkaSink = manifest.sink
     options = sink.options.schema_registry
     fmt = sink.options.message_format
-    client = registry_client(registry_config)
     name, namespace = record_name(manifest)
-    if fmt == "protobuf":
-        return _protobuf_plan(manifest, client)
     fullname = f"{namespace}.{name}"
     subject = subject_name(options.subject_name_strategy, sink.topic, fullname)
     latest = fetch_latest(client, subject)
@@ -109,9 +144,7 @@ def _plan_registry_write(manifest: Manifest, source_schema: StructType, registry
         schema_str, evolution = _evolved_avro(subject, latest.schema.schema_str, versions, evolution)
     else:
         schema_str = writer_schema_text(fmt, result, name, namespace)
-    schema_id = ensure_registered(client, subject, schema_str, schema_type_of(fmt), options.auto_register_schemas)
-    key = _key_encoding(manifest, client, result)
-    return RegistryWritePlan(fmt, subject, schema_id, schema_str, evolution, key=key)
+    return PreparedSchema(fmt, subject, schema_str, evolution, result)
 
 
 def _evolved_avro(subject: str, registered: str, versions: list[str], evolution: EvolutionPlan) -> tuple[str, EvolutionPlan]:

@@ -1,0 +1,61 @@
+"""The Schema Registry side of a direct-path run into an Avro sink (engine/direct.py).
+
+The value schema is planned from the subject before the scan — the registry is read, nothing is
+written — so that the tasks encode every value with it (unframed). It is registered only once
+every gate has passed, just before producing; the produce tasks then put the Confluent frame with
+its id in front of each value. A batch whose schema change routes values (on_type_change:
+new_column), a registry-encoded key, or columns the schema cannot take go to the Spark SQL path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql.types import StructType
+
+from dpone_dagster.engine.results import RunResult
+from dpone_dagster.manifest.models import Manifest
+from dpone_dagster.schema.wire_format import frame
+from dpone_dagster.sinks.registry import (
+    PreparedSchema,
+    prepare_registry_schema,
+    register_prepared,
+    target_schema,
+)
+from dpone_dagster.spark.registry_codec import nullable_schema
+
+FORMATS = ("json", "avro")  # sink formats the direct path writes
+
+
+def refusal(manifest: Manifest) -> str | None:
+    """Why an Avro sink run cannot take the direct path, from the manifest alone (pure)."""
+    options = manifest.sink.options
+    if options.message_format not in FORMATS:
+        return f"sink message_format {options.message_format}"
+    if options.message_format == "avro" and options.key.format not in ("string", "json"):
+        return f"key.format {options.key.format}"
+    return None
+
+
+def prepare(manifest: Manifest, payload: StructType, registry_config: dict[str, Any] | None) -> tuple[PreparedSchema | None, str | None]:
+    """The value schema to encode with (None for a JSON sink), or why the Spark SQL path writes it."""
+    if manifest.sink.options.message_format != "avro":
+        return None, None
+    assert registry_config is not None
+    # The decoded batch's fields are all nullable, as Spark's JSON decoder makes them.
+    prepared = prepare_registry_schema(manifest, nullable_schema(payload), registry_config)
+    if prepared.evolution is not None and prepared.evolution.routes:
+        return None, "a type change routed to new columns (on_type_change: new_column)"
+    fields = set(target_schema("avro", prepared.schema_str).names)
+    unknown = sorted(set(payload.names) - fields)
+    if unknown:
+        return None, f"column(s) {unknown} the registered schema does not hold"
+    return prepared, None
+
+
+def register(manifest: Manifest, prepared: PreparedSchema, registry_config: dict[str, Any] | None, result: RunResult) -> bytes:
+    """Register the prepared schema; the frame every value gets."""
+    assert registry_config is not None
+    plan = register_prepared(manifest, prepared, registry_config)
+    result.schema_evolution = plan.as_dict()
+    return frame(plan.schema_id, b"")
