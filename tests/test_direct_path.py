@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from confluent_kafka import Producer
 from conftest import consume_raw, create_topic, produce_json, unique_topic
 
 from dpone_dagster.direct import task
@@ -156,6 +157,38 @@ def test_an_avro_sink_writes_what_the_spark_sql_path_writes(broker, spark, kafka
     client = registry_client({"url": url})
     [direct_subject] = [s for s in client.get_subjects() if s.startswith("d_direct")]
     assert client.get_versions(direct_subject) == [1]  # registered once
+
+
+@pytest.mark.parametrize(
+    "sink_options",
+    [
+        "envelope: dpone, headers: {static: {team: dwh, env: \"a b\"}, lineage: true, replicate_source: true}",
+        "key: {mode: hash_row}, headers: {replicate_source: true}",
+        "envelope: dpone, key: {mode: hash_row}",
+    ],
+)
+def test_envelope_headers_and_row_hash_keys_as_the_spark_sql_path_writes_them(broker, spark, kafka_env, tmp_path, monkeypatch, sink_options):
+    """The dpone envelope, static, lineage and replicated source headers (some records without
+    any), and row-hash keys: the same keys, values, headers and partitions on both paths."""
+    bs = broker.bootstrap_servers
+    src = unique_topic("dsrc")
+    create_topic(bs, src, 3)
+    producer = Producer({"bootstrap.servers": bs})
+    for i, row in enumerate(orders(600)):
+        extra = {"headers": [("trace", f"t{i}".encode()), ("empty", b"")]} if i % 3 else {}
+        producer.produce(src, json.dumps(row).encode(), str(row["order_id"]).encode(), partition=i % 3, **extra)
+    assert producer.flush(30) == 0
+    (direct, direct_records), (sql, sql_records) = run_both(
+        bs, spark, src, tmp_path, monkeypatch, "{mode: incremental_append, unique_key: order_id}", sink_options
+    )
+    assert direct.execution_path == "direct" and sql.execution_path == "spark_sql"
+    assert len(direct_records) == 600
+
+    def written(result: Any, records: list[dict[str, Any]]) -> Counter:  # each run names its own run id
+        run_id = result.run_id.encode()
+        return Counter((r["partition"], r["key"], r["value"].replace(run_id, b"<run>"), tuple(r["headers"])) for r in records)
+
+    assert written(direct, direct_records) == written(sql, sql_records)
 
 
 def test_append_without_repeats_and_with_null_or_composite_keys(broker, spark, kafka_env, tmp_path, monkeypatch):

@@ -138,8 +138,8 @@ def test_dpone_run_and_dagster_materialize_on_a_connect_server(broker, connect_s
 
 
 def test_spark_sql_path_on_a_connect_server(broker, connect_server, tmp_path):
-    """A manifest the direct path does not cover (message headers) runs its shuffle, keep_last and
-    encoding as Spark SQL on the server."""
+    """A manifest the direct path does not cover (a not_null check on a column) runs its shuffle,
+    keep_last, check and encoding as Spark SQL on the server."""
     url, _ = connect_server
     bs = broker.bootstrap_servers
     src, dst = unique_topic("connect_sql"), unique_topic("connect_sql_out")
@@ -149,7 +149,8 @@ def test_spark_sql_path_on_a_connect_server(broker, connect_server, tmp_path):
         produce_json(bs, src, [{"order_id": i % 100, "version": partition * 1000 + i} for i in range(300)], partition=partition)
     state = tmp_path / "state"
     path = tmp_path / "connect_sql.yaml"
-    path.write_text(kafka_pipeline_yaml("connect_sql", src, dst, state, KEEP_LAST, "{headers: {static: {team: dwh}}}"))
+    quality = "quality: {mode: fail, checks: [{type: not_null, columns: [version]}]}"
+    path.write_text(kafka_pipeline_yaml("connect_sql", src, dst, state, KEEP_LAST, "{headers: {static: {team: dwh}}}", quality))
     env = {**os.environ, "KAFKA_CLUSTER_BOOTSTRAP_SERVERS": bs, "DPONE_SPARK_REMOTE": url}
     run = dpone("run", str(path), "--format", "json", env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr

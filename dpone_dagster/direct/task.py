@@ -24,6 +24,9 @@ import pyarrow.ipc as ipc
 from dpone_dagster.direct.keys import TaskHashes, key_hashes
 from dpone_dagster.direct.progress import Slice
 from dpone_dagster.formats import avro_values
+from dpone_dagster.shape import envelope, keys
+from dpone_dagster.shape import headers as message_headers
+from dpone_dagster.shape.headers import HeaderSpec
 from dpone_dagster.sinks import json_encode
 from dpone_dagster.sinks.kafka import ProducerSettings, produce_batches
 from dpone_dagster.sources.kafka_reader import ReaderSettings, read_one_range
@@ -36,8 +39,10 @@ WindowRange = tuple[int, int, int, int, int]
 SPILL_PREFIX = "dpone-direct-"
 STALE_SPILL_S = 6 * 3600  # another run's spill directory untouched this long is left over
 
-# The shaped messages a scan keeps: the sink's key and value, and the source offset and timestamp.
+# The shaped messages a scan keeps: the sink's key and value, the source offset and timestamp,
+# and the source record's headers when they are replicated.
 MESSAGE_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("offset", pa.int64()), ("timestamp", pa.int64())])
+SOURCE_HEADERS = "source_headers"
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,9 @@ class DirectSettings:
     avro_schema: str | None = None  # an Avro sink: values encoded with this schema (unframed)
     frame_bytes: int = 0  # bytes the frame adds to each value (counted in the size limit)
     value_prefix: bytes = b""  # the frame, once the schema is registered (set before producing)
+    envelope: tuple[str, str] | None = None  # the dpone envelope's text around each row's JSON
+    hash_row: bool = False  # key: the hex SHA-256 of the row's canonical JSON
+    headers: HeaderSpec | None = None  # headers the messages carry
 
 
 @dataclass(frozen=True)
@@ -78,37 +86,24 @@ def shape(settings: DirectSettings, raw: pa.RecordBatch) -> pa.RecordBatch:
     columns = arrow_json.decode_values(values, settings.schema)
     if columns is None:
         raise Refused("a value the task decoder leaves to Spark (corrupt, another type, or a field beyond the schema)")
+    names = settings.schema.names
     try:
         if settings.avro_schema is not None:
-            value = avro_values.encode_values(columns, settings.schema.names, settings.avro_schema)
+            value = avro_values.encode_values(columns, names, settings.avro_schema)
         else:
-            value = json_encode.encode_object(columns, settings.schema.names).cast(pa.binary())
-        key = render_key(columns, settings.schema, settings.key_columns)
+            value = json_encode.encode_object(columns, names)
+            if settings.envelope is not None:
+                value = envelope.wrap(value, settings.envelope)
+            value = value.cast(pa.binary())
+        key = keys.hash_row(columns, names) if settings.hash_row else keys.unique_key(columns, names, settings.key_columns)
     except (json_encode.Unencodable, avro_values.Unencodable) as exc:
         raise Refused(str(exc)) from exc
     if settings.key_columns is not None and key.null_count:
         raise Refused("a record without its unique key")
-    return pa.RecordBatch.from_arrays([key, value, raw.column("offset"), raw.column("timestamp")], names=MESSAGE_SCHEMA.names)
-
-
-def render_key(columns: list[pa.Array], schema: pa.Schema, key_columns: tuple[int, ...] | None) -> pa.Array:
-    """The message key as the Spark SQL path renders it (sinks/kafka_messages.sink_key): one
-    column as text, several as a JSON object (null when all are null), or no key."""
-    n = len(columns[0]) if columns else 0
-    if key_columns is None:
-        return pa.nulls(n, pa.binary())
-    if len(key_columns) == 1:
-        column = columns[key_columns[0]]
-        kind = column.type
-        if pa.types.is_string(kind) or pa.types.is_int64(kind):
-            return pc.cast(column, pa.string()).cast(pa.binary())
-        if pa.types.is_boolean(kind):
-            return pc.if_else(column, "true", "false").cast(pa.binary())
-        raise json_encode.Unencodable(f"a unique key of type {kind}")
-    chosen = [columns[i] for i in key_columns]
-    encoded = json_encode.encode_object(chosen, [schema.names[i] for i in key_columns])
-    any_set = pc.or_kleene(*[c.is_valid() for c in chosen]) if len(chosen) > 1 else chosen[0].is_valid()
-    return pc.if_else(any_set, encoded, pa.scalar(None, pa.string())).cast(pa.binary())
+    arrays = [key, value, raw.column("offset"), raw.column("timestamp")]
+    if settings.headers is not None and settings.headers.replicate:
+        return pa.RecordBatch.from_arrays([*arrays, raw.column("headers")], names=[*MESSAGE_SCHEMA.names, SOURCE_HEADERS])
+    return pa.RecordBatch.from_arrays(arrays, names=MESSAGE_SCHEMA.names)
 
 
 def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
@@ -127,6 +122,8 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                         for index, n in late_counts(settings.windows, piece[1], offsets, stamps).items():
                             late[index] = late.get(index, 0) + n
                     lengths = pc.add(pc.add(pc.binary_length(messages.column("value")), _key_lengths(messages)), settings.frame_bytes)
+                    if settings.headers is not None:
+                        lengths = pc.add(lengths, pa.array(_header_bytes(settings, piece[1], messages)))
                     largest = pc.max(lengths).as_py() or 0
                     if largest > settings.max_message_bytes:
                         raise Refused(f"a message of {largest} bytes exceeds message.max.bytes {settings.max_message_bytes}")
@@ -154,6 +151,12 @@ def late_counts(windows: tuple[WindowRange, ...], partition: int, offsets: np.nd
         if late.any():
             out[index] = out.get(index, 0) + int(late.sum())
     return out
+
+
+def _header_bytes(settings: DirectSettings, partition: int, messages: pa.RecordBatch) -> np.ndarray:
+    assert settings.headers is not None
+    source = messages.column(SOURCE_HEADERS) if SOURCE_HEADERS in messages.schema.names else None
+    return message_headers.header_bytes(settings.headers, partition, messages.column("offset"), source)
 
 
 def _key_lengths(messages: pa.RecordBatch) -> pa.Array:
@@ -188,10 +191,16 @@ def produce(
             for batch in _messages(settings, piece):
                 if dropped is not None and len(dropped):
                     batch = batch.filter(pa.array(~np.isin(batch.column("offset").to_numpy(), dropped)))
+                value = batch.column("value")
                 if settings.value_prefix:  # the registered schema's frame
-                    framed = pc.binary_join_element_wise(prefix, batch.column("value"), pa.scalar(b"", pa.binary()))
-                    batch = pa.RecordBatch.from_arrays([batch.column("key"), framed], names=["key", "value"])
-                yield batch.select(["key", "value"])
+                    value = pc.binary_join_element_wise(prefix, value, pa.scalar(b"", pa.binary()))
+                if settings.headers is None:
+                    yield pa.RecordBatch.from_arrays([batch.column("key"), value], names=["key", "value"])
+                    continue
+                source = batch.column(SOURCE_HEADERS) if SOURCE_HEADERS in batch.schema.names else None
+                listed = message_headers.headers(settings.headers, piece[1], batch.column("offset"), source)
+                unassigned = pa.array(np.full(batch.num_rows, -1, np.int32))
+                yield pa.RecordBatch.from_arrays([batch.column("key"), value, listed, unassigned], names=["key", "value", "headers", "partition"])
 
     try:
         yield from produce_batches(producer, messages())

@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
+from dpone_dagster import columns as C
 from dpone_dagster.direct import task
 from dpone_dagster.direct.keys import candidates
 from dpone_dagster.engine import direct_registry
@@ -54,7 +55,8 @@ from dpone_dagster.kafka.delivery import aggregate
 from dpone_dagster.manifest.models import KafkaSink, KafkaSource, Manifest
 from dpone_dagster.quality.gates import check_stage
 from dpone_dagster.schema.wire_format import frame
-from dpone_dagster.sinks import kafka_messages
+from dpone_dagster.shape.envelope import envelope_parts
+from dpone_dagster.shape.headers import HeaderSpec
 from dpone_dagster.sinks.registry import PreparedSchema
 from dpone_dagster.sources.kafka import KafkaBatchSource
 from dpone_dagster.spark import arrow_json
@@ -94,12 +96,6 @@ def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
         return "nothing to read"
     if sink.strategy.mode not in STRATEGIES:
         return f"strategy {sink.strategy.mode}"
-    if sink.options.envelope != "flat":
-        return f"sink envelope {sink.options.envelope}"
-    if sink.options.key.mode == "hash_row":
-        return "key mode hash_row"
-    if kafka_messages.has_headers(sink):
-        return "message headers"
     other = sorted({c.type for c in manifest.quality.checks} - set(CHECKS))
     if other:
         return f"quality checks {other}"
@@ -234,6 +230,13 @@ def _settings(
             ),
             avro_schema=prepared.schema_str if prepared is not None else None,
             frame_bytes=len(frame(0, b"")) if prepared is not None else 0,
+            envelope=(
+                envelope_parts(C.UPSERT, sink.strategy.mode, run_id, {"topic": source.topic})
+                if sink.options.envelope == "dpone"
+                else None
+            ),
+            hash_row=sink.options.key.mode == "hash_row",
+            headers=HeaderSpec.of(sink.options.headers.static, sink.options.headers.lineage, sink.options.headers.replicate_source, source.topic),
         ),
         prepared,
         None,

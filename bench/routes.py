@@ -1,0 +1,255 @@
+"""Every route against the loop a user writes by hand for it, in one process, on one embedded
+broker and one source topic of JSON order events.
+
+    python -m bench.routes --messages 1000000 [--route avro --route json_merge ...] [--json]
+
+Per route: (h) one confluent-kafka consumer → json.loads → the route's encoding → one producer;
+(e) `run_pipeline` on the route's manifest (the Spark session is started once, before the first
+(e), and not counted). Printed per route: throughput e/h, messages per CPU second e/h (the whole
+process tree of each phase, the broker excluded), the path the engine took, and pass/fail against
+the goals (throughput ≥ 1.2, CPU ≥ 0.8).
+
+Hand loops use the engine's consumer and producer settings (bench/k2k.py), so the figures compare
+the loops. The registry is the in-memory one; the hand loops register their schema once and frame
+each value as confluent's serializers do (magic byte, schema id, payload).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from bench.common import (
+    TreeSampler,
+    create_topic,
+    dump_json,
+    generate_events,
+    machine_info,
+    topic_count,
+    topic_end_offsets,
+)
+from bench.k2k import _cpu, _phase, engine_consumer_config, engine_producer_config, start_spark
+
+GOALS = {"throughput": 1.2, "cpu": 0.8}
+Encode = Callable[[bytes], tuple[bytes, bytes, list[tuple[str, bytes]] | None]]
+
+MANIFEST = """
+name: bench_route_{route}
+source:
+  type: kafka
+  connection_id: bench_kafka
+  connection_type: params
+  params: {{bootstrap_servers: "{bootstrap}", schema_registry_url: "{registry}"}}
+  topic: {src}
+  options: {{group_id: "bench.{group}", start_from: earliest}}
+sink:
+  type: kafka
+  connection_id: bench_kafka
+  connection_type: params
+  params: {{bootstrap_servers: "{bootstrap}", schema_registry_url: "{registry}"}}
+  topic: {dst}
+  strategy: {strategy}
+  options: {options}
+state: {{type: local, path: "{state}"}}
+"""
+
+APPEND = "{mode: incremental_append, unique_key: order_id}"
+MERGE = "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}"
+ROUTES: dict[str, tuple[str, str]] = {  # route -> (strategy, sink options)
+    "json_append": (APPEND, "{}"),
+    "json_merge": (MERGE, "{}"),
+    "json_envelope_headers": (APPEND, "{envelope: dpone, headers: {static: {team: dwh}, lineage: true}}"),
+    "avro": (APPEND, "{message_format: avro, schema_registry: {enabled: true}}"),
+    "json_schema": (APPEND, "{message_format: json_schema, schema_registry: {enabled: true}}"),
+}
+
+
+def hand_encoder(route: str, src: str, dst: str, registry_url: str) -> Encode:
+    """The per-message work a hand-written loop does for `route`."""
+    loads, dumps = json.loads, json.dumps
+    if route in ("json_append", "json_merge"):
+        return lambda raw: (dumps(event := loads(raw)).encode(), str(event["order_id"]).encode(), None)
+    if route == "json_envelope_headers":
+        def envelope(raw: bytes) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+            event = loads(raw)
+            value = {"op": "upsert", "data": event, "metadata": {"strategy": "incremental_append", "run_id": "r"}, "source": {"topic": src}, "schema_version": 1}
+            return dumps(value).encode(), str(event["order_id"]).encode(), [("team", b"dwh"), ("dpone.source.topic", src.encode())]
+        return envelope
+    schema_id, framed = _registered(route, dst, registry_url)
+    if route == "avro":
+        import fastavro
+
+        parsed = fastavro.parse_schema(framed)
+        writer = fastavro.schemaless_writer
+
+        def avro(raw: bytes) -> tuple[bytes, bytes, None]:
+            event = loads(raw)
+            out = io.BytesIO()
+            out.write(schema_id)
+            writer(out, parsed, event)
+            return out.getvalue(), str(event["order_id"]).encode(), None
+        return avro
+    return lambda raw: (schema_id + dumps(event := loads(raw)).encode(), str(event["order_id"]).encode(), None)
+
+
+def _registered(route: str, dst: str, registry_url: str) -> tuple[bytes, Any]:
+    """Register the route's value schema (as the engine derives it from the events) once."""
+    from confluent_kafka.schema_registry import Schema
+    from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+
+    from dpone_dagster.schema import avro, json_schema
+    from dpone_dagster.schema.registry import registry_client
+
+    fields = [("order_id", LongType()), ("customer_id", StringType()), ("status", StringType()), ("amount", DoubleType()),
+              ("currency", StringType()), ("items", LongType()), ("channel", StringType()), ("country", StringType()),
+              ("created_at", StringType()), ("note", StringType())]
+    struct = StructType([StructField(n, t, True) for n, t in fields])
+    client = registry_client({"url": registry_url})
+    if route == "avro":
+        schema: Any = avro.spark_to_avro(struct, "orders", "hand")
+        kind = "AVRO"
+    else:
+        schema = json_schema.spark_to_json_schema(struct, "hand.orders")
+        kind = "JSON"
+    schema_id = client.register_schema(f"{dst}-value", Schema(json.dumps(schema), kind))
+    return b"\x00" + schema_id.to_bytes(4, "big"), schema
+
+
+def hand_loop(bootstrap: str, src: str, dst: str, encode: Encode) -> tuple[int, float, int]:
+    """Consume every record of `src` once, encode it, produce it to `dst`; (messages, s, failed)."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    ends = topic_end_offsets(bootstrap, src)
+    total = sum(ends.values())
+    consumer = Consumer({**engine_consumer_config(bootstrap)})
+    producer = Producer(engine_producer_config(bootstrap))
+    failed = [0]
+
+    def report(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failed[0] += 1
+
+    started = time.perf_counter()
+    consumer.assign([TopicPartition(src, p, 0) for p, end in sorted(ends.items()) if end > 0])
+    seen = 0
+    try:
+        while seen < total:
+            for m in consumer.consume(10_000, 1.0):
+                if m.error() is not None:
+                    continue
+                value, key, headers = encode(m.value())
+                while True:
+                    try:
+                        producer.produce(dst, value, key, headers=headers, on_delivery=report)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                seen += 1
+            producer.poll(0)
+        failed[0] += producer.flush(120)
+        return seen, time.perf_counter() - started, failed[0]
+    finally:
+        consumer.close()
+
+
+def engine_run(spark: Any, route: str, bootstrap: str, src: str, dst: str, registry_url: str) -> tuple[Any, float]:
+    from dpone_dagster.engine.run import run_pipeline
+    from dpone_dagster.manifest import parse_manifest
+
+    strategy, options = ROUTES[route]
+    with tempfile.TemporaryDirectory(prefix="dpone-bench-route-") as state:
+        text = MANIFEST.format(
+            route=route, bootstrap=bootstrap, registry=registry_url, src=src, dst=dst, group=uuid.uuid4().hex[:8],
+            strategy=strategy, options=options, state=state,
+        )
+        started = time.perf_counter()
+        result = run_pipeline(parse_manifest(text), spark)
+        return result, time.perf_counter() - started
+
+
+def run_routes(bootstrap: str, messages: int, partitions: int, routes: list[str], log: Callable[[str], None]) -> dict[str, Any]:
+    sampler = TreeSampler(interval_s=0.5)
+    sampler.start()
+    src = f"bench_routes_{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, src, partitions)
+    log(f"generating {messages} events into {src}")
+    generate_events(bootstrap, src, messages, partitions)
+    report: dict[str, Any] = {"bench": "routes", "messages": messages, "partitions": partitions, "machine": machine_info(), "routes": {}}
+    spark = None
+    for route in routes:
+        registry_url = f"mock://bench-{uuid.uuid4().hex[:8]}"
+        hand_dst, engine_dst = f"bench_{route}_h_{uuid.uuid4().hex[:6]}", f"bench_{route}_e_{uuid.uuid4().hex[:6]}"
+        create_topic(bootstrap, hand_dst, partitions)
+        create_topic(bootstrap, engine_dst, partitions)
+        log(f"{route}: (h) hand-written loop")
+        encode = hand_encoder(route, src, hand_dst, registry_url)
+        with _phase(sampler, f"{route}_h") as peaks:
+            n, seconds, failed = hand_loop(bootstrap, src, hand_dst, encode)
+        hand = {"messages": n, "seconds": round(seconds, 2), "failed": failed, "cpu": _cpu(peaks)}
+        if spark is None:
+            log("starting Spark")
+            spark, _ = start_spark()
+        log(f"{route}: (e) dpone run_pipeline")
+        with _phase(sampler, f"{route}_e") as peaks:
+            result, seconds = engine_run(spark, route, bootstrap, src, engine_dst, registry_url)
+        engine = {
+            "messages": result.messages_produced, "seconds": round(seconds, 2), "path": result.execution_path,
+            "in_topic": topic_count(bootstrap, engine_dst), "stage_seconds": result.timings, "cpu": _cpu(peaks),
+        }
+        report["routes"][route] = {"hand": hand, "engine": engine, **ratios(hand, engine)}
+    sampler.stop()
+    return report
+
+
+def ratios(hand: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
+    """Throughput and messages per CPU second, engine over hand loop, and the goals they meet."""
+    throughput = (engine["messages"] / engine["seconds"]) / (hand["messages"] / hand["seconds"])
+    hand_cpu, engine_cpu = hand["cpu"].get("tree_cpu_s") or 0, engine["cpu"].get("tree_cpu_s") or 0
+    cpu = (engine["messages"] / engine_cpu) / (hand["messages"] / hand_cpu) if hand_cpu and engine_cpu else None
+    return {
+        "throughput_ratio": round(throughput, 2),
+        "cpu_ratio": round(cpu, 2) if cpu is not None else None,
+        "meets_goals": throughput >= GOALS["throughput"] and cpu is not None and cpu >= GOALS["cpu"],
+    }
+
+
+def print_report(report: dict[str, Any], out: Any = sys.stdout) -> None:
+    print(f"routes: {report['messages']} messages, {report['partitions']} partitions; goals: throughput e/h ≥ {GOALS['throughput']}, messages per CPU s e/h ≥ {GOALS['cpu']}", file=out)
+    print(f"{'route':24} {'hand msg/s':>11} {'dpone msg/s':>12} {'e/h':>6} {'cpu e/h':>8}  path       goals", file=out)
+    for route, r in report["routes"].items():
+        hand, engine = r["hand"], r["engine"]
+        print(
+            f"{route:24} {hand['messages'] / hand['seconds']:>11,.0f} {engine['messages'] / engine['seconds']:>12,.0f} "
+            f"{r['throughput_ratio']:>6.2f} {r['cpu_ratio'] if r['cpu_ratio'] is not None else '-':>8}  {engine['path']:10} "
+            f"{'pass' if r['meets_goals'] else 'FAIL'}",
+            file=out,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dpone_dagster.embedded_broker import EmbeddedBroker
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--route", action="append", choices=sorted(ROUTES), help="a route (default: all)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    with EmbeddedBroker() as broker:
+        report = run_routes(broker.bootstrap_servers, args.messages, args.partitions, args.route or list(ROUTES), lambda m: print(m, file=sys.stderr))
+    if args.json:
+        print(dump_json(report))
+    else:
+        print_report(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

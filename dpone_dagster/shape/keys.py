@@ -1,0 +1,41 @@
+"""Message keys (pure), as the Spark SQL path renders them (sinks/kafka_messages.sink_key): a
+unique key of one column as its text, of several as a compact JSON object of them (null when all
+are null); hash_row the hex SHA-256 of the row's canonical JSON (fields sorted by name, nulls
+kept); no key otherwise."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dpone_dagster.sinks import json_encode
+
+
+def unique_key(columns: list[pa.Array], names: list[str], key_columns: tuple[int, ...] | None) -> pa.Array:
+    """The key of each row from the unique key's columns (their indexes in `columns`); all null
+    when `key_columns` is None. Raises json_encode.Unencodable for a key type it cannot write."""
+    n = len(columns[0]) if columns else 0
+    if key_columns is None:
+        return pa.nulls(n, pa.binary())
+    if len(key_columns) == 1:
+        column = columns[key_columns[0]]
+        kind = column.type
+        if pa.types.is_string(kind) or pa.types.is_int64(kind):
+            return pc.cast(column, pa.string()).cast(pa.binary())
+        if pa.types.is_boolean(kind):
+            return pc.if_else(column, "true", "false").cast(pa.binary())
+        raise json_encode.Unencodable(f"a unique key of type {kind}")
+    chosen = [columns[i] for i in key_columns]
+    encoded = json_encode.encode_object(chosen, [names[i] for i in key_columns])
+    any_set = pc.or_kleene(*[c.is_valid() for c in chosen]) if len(chosen) > 1 else chosen[0].is_valid()
+    return pc.if_else(any_set, encoded, pa.scalar(None, pa.string())).cast(pa.binary())
+
+
+def hash_row(columns: list[pa.Array], names: list[str]) -> pa.Array:
+    """The hex SHA-256 of each row's canonical JSON (fields sorted by name, nulls written)."""
+    order = sorted(range(len(names)), key=lambda i: names[i])
+    canonical = json_encode.encode_object([columns[i] for i in order], [names[i] for i in order])
+    sha256 = hashlib.sha256
+    return pa.array([sha256(text.encode()).hexdigest().encode() for text in canonical.to_pylist()], pa.binary())
