@@ -5,7 +5,6 @@ they are replicated, then the static ones, then lineage (`dpone.source.topic`, `
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -27,28 +26,46 @@ class HeaderSpec:
         return cls(tuple((k, str(v).encode()) for k, v in static.items()), topic if lineage else None, replicate)
 
 
-def _lineage(spec: HeaderSpec, partition: int, offset: int) -> list[tuple[str, bytes]]:
-    if spec.lineage_topic is None:
-        return []
-    return [
-        ("dpone.source.topic", spec.lineage_topic.encode()),
-        ("dpone.source.partition", str(partition).encode()),
-        ("dpone.source.offset", str(offset).encode()),
-    ]
-
-
 def headers(spec: HeaderSpec, partition: int, offsets: pa.Array, source: pa.Array | None) -> pa.Array:
     """The header list of each message of one slice (`offsets`: the source offsets; `source`: the
-    source records' headers, when replicated)."""
-    lists: list[Any] = []
-    own = source.to_pylist() if spec.replicate and source is not None else None
-    static = [{"key": k, "value": v} for k, v in spec.static]
-    for i, offset in enumerate(offsets.to_pylist()):
-        entries = list(own[i] or []) if own is not None else []
-        entries += static
-        entries += [{"key": k, "value": v} for k, v in _lineage(spec, partition, offset)]
-        lists.append(entries)
-    return pa.array(lists, HEADERS_TYPE)
+    source records' headers, when replicated), built column-wise: the fixed entries of every row
+    (static, lineage) are taken from a small pool, then placed after the row's own headers."""
+    n = len(offsets)
+    fixed_keys = [k for k, _ in spec.static]
+    fixed_values: list[bytes] = [v for _, v in spec.static]
+    if spec.lineage_topic is not None:
+        fixed_keys += ["dpone.source.topic", "dpone.source.partition", "dpone.source.offset"]
+        fixed_values += [spec.lineage_topic.encode(), str(partition).encode()]
+    per_row = len(fixed_keys)
+    rows = np.arange(n)
+    key_index = np.tile(np.arange(per_row), n)
+    value_index = key_index.copy()
+    value_pool = pa.array(fixed_values, pa.binary())
+    if spec.lineage_topic is not None:  # the last entry is the row's own offset
+        value_index[per_row - 1 :: per_row] = len(fixed_values) + rows
+        value_pool = pa.concat_arrays([value_pool, pc.cast(pc.cast(offsets, pa.string()), pa.binary())])
+    keys = pa.array(fixed_keys, pa.string()).take(pa.array(key_index))
+    values = value_pool.take(pa.array(value_index))
+    counts = np.full(n, per_row, np.int64)
+    if spec.replicate and source is not None:
+        own = source.fill_null([]) if source.null_count else source
+        own_offsets = own.offsets.to_numpy().astype(np.int64)
+        own_counts = np.diff(own_offsets)
+        flat = own.values.slice(own_offsets[0], own_offsets[-1] - own_offsets[0])
+        keys = pa.concat_arrays([flat.field("key"), keys])
+        values = pa.concat_arrays([flat.field("value"), values])
+        # Row i: its own headers, then its fixed entries (which follow every own header in the pool).
+        total = own_counts + per_row
+        starts = np.concatenate([[0], np.cumsum(total)[:-1]])
+        local = np.arange(int(total.sum())) - np.repeat(starts, total)
+        row_of = np.repeat(rows, total)
+        own_start = own_offsets[:-1] - own_offsets[0]
+        is_own = local < own_counts[row_of]
+        index = np.where(is_own, own_start[row_of] + local, len(flat) + row_of * per_row + (local - own_counts[row_of]))
+        keys, values, counts = keys.take(pa.array(index)), values.take(pa.array(index)), total
+    entries = pa.StructArray.from_arrays([keys, values], names=["key", "value"])
+    offsets_out = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets_out), entries).cast(HEADERS_TYPE)
 
 
 def header_bytes(spec: HeaderSpec, partition: int, offsets: pa.Array, source: pa.Array | None) -> np.ndarray:

@@ -158,14 +158,16 @@ def produce_batches(settings: ProducerSettings, batches: Iterator[pa.RecordBatch
                 except BufferError:
                     _produce(producer, topic, key, value, on_delivery, settings)
         else:
-            headers, partitions = batch.column("headers").to_pylist(), batch.column("partition").to_pylist()
-            for (key, value), header, partition in zip(rows, headers, partitions, strict=True):
-                extra: dict[str, Any] = {}
-                if header:
-                    extra["headers"] = [(h["key"], h["value"]) for h in header]
-                if partition is not None and partition >= 0:
-                    extra["partition"] = partition
-                _produce(producer, topic, key, value, on_delivery, settings, **extra)
+            headers = _header_lists(batch.column("headers"))
+            partitions = None if _all_unassigned(batch.column("partition")) else batch.column("partition").to_pylist()
+            for i, (key, value) in enumerate(rows):
+                extra: dict[str, Any] = {"headers": headers[i]}
+                if partitions is not None and partitions[i] is not None and partitions[i] >= 0:
+                    extra["partition"] = partitions[i]
+                try:
+                    produce(topic, value, key, on_delivery=on_delivery, **extra)
+                except BufferError:
+                    _produce(producer, topic, key, value, on_delivery, settings, **extra)
         producer.poll(0)
     flush_s = settings.flush_timeout_s
     if settings.deadline_epoch_s is not None:
@@ -230,6 +232,16 @@ def _produce(producer: Any, topic: str, key: Any, value: Any, on_delivery: Any, 
 
 def _total_length(column: pa.Array) -> int:
     return int(pc.sum(pc.binary_length(column)).as_py() or 0)
+
+
+def _header_lists(headers: pa.Array) -> list[list[tuple[str, bytes | None]] | None]:
+    """Each message's headers as (key, value) pairs, None where it has none; the keys and values
+    are converted once for the whole batch, not header by header."""
+    offsets = headers.offsets.to_numpy()
+    flat = headers.values.slice(offsets[0], offsets[-1] - offsets[0])
+    pairs = list(zip(flat.field("key").to_pylist(), flat.field("value").to_pylist(), strict=True))
+    starts = (offsets - offsets[0]).tolist()
+    return [pairs[starts[i] : starts[i + 1]] or None for i in range(len(headers))]
 
 
 def _all_empty(headers: pa.Array) -> bool:
