@@ -130,11 +130,19 @@ def test_repeated_keys_keep_the_record_the_spark_sql_path_keeps(broker, spark, k
     assert messages(direct_records) == messages(sql_records)
 
 
-@pytest.mark.parametrize("strategy", ["{mode: incremental_append, unique_key: order_id}", "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}"])
-def test_an_avro_sink_writes_what_the_spark_sql_path_writes(broker, spark, kafka_env, tmp_path, monkeypatch, strategy):
-    """Seed 001's sink: the value schema derived from the batch, registered in the registry, each
-    value framed with its id. Nested objects, arrays, nulls, doubles and text of every kind, keys
-    repeated across partitions: the same bytes on both paths, and the schema registered once."""
+@pytest.mark.parametrize(
+    "fmt, strategy",
+    [
+        ("avro", "{mode: incremental_append, unique_key: order_id}"),
+        ("avro", "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}"),
+        ("json_schema", "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}"),
+    ],
+)
+def test_a_registry_sink_writes_what_the_spark_sql_path_writes(broker, spark, kafka_env, tmp_path, monkeypatch, fmt, strategy):
+    """Seed 001's sink (and JSON Schema): the value schema derived from the batch, registered in
+    the registry, each value framed with its id. Nested objects, arrays, nulls, doubles and text of
+    every kind, keys repeated across partitions: the same bytes on both paths, the schema
+    registered once."""
     from dpone_dagster.schema.registry import registry_client
 
     url = f"mock://{uuid.uuid4().hex[:8]}"
@@ -146,7 +154,7 @@ def test_an_avro_sink_writes_what_the_spark_sql_path_writes(broker, spark, kafka
     for p in range(3):
         produce_json(bs, src, [{**o, "order_id": o["order_id"] % repeat} for o in orders(400, p * 400)], partition=p)
     (direct, direct_records), (sql, sql_records) = run_both(
-        bs, spark, src, tmp_path, monkeypatch, strategy, "message_format: avro, schema_registry: {enabled: true}"
+        bs, spark, src, tmp_path, monkeypatch, strategy, f"message_format: {fmt}, schema_registry: {{enabled: true}}"
     )
     assert direct.execution_path == "direct" and sql.execution_path == "spark_sql"
     assert len(direct_records) == direct.messages_produced == sql.messages_produced

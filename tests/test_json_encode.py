@@ -130,3 +130,29 @@ def test_large_doubles_are_refused_not_guessed():
 def test_escapes_as_jackson():
     assert json_string('a"b\\c\n\x0b\u2028é') == '"a\\"b\\\\c\\n\\u000B\u2028é"'
     assert encode(pa.array(["plain", None, "tab\there"])).to_pylist() == ['"plain"', None, '"tab\\there"']
+
+
+def test_the_python_flavour_writes_what_json_dumps_writes():
+    """The JSON Schema sink's values: json.dumps(row, separators=(",", ":"), ensure_ascii=False),
+    on doubles of every magnitude, control characters and nested values (pure, no Spark)."""
+    import json as _json
+    import random
+
+    from dpone_dagster.sinks.json_encode import PYTHON, encode_object
+
+    rng = random.Random(5)
+    rows = []
+    for i in range(2000):
+        rows.append(
+            {
+                "d": rng.choice([None, 0.0, -0.0, 1e-5, 1e16, 123456789012345.0, 3.0, rng.random() * 10 ** rng.randint(-30, 30)]),
+                "s": rng.choice([None, "", "plain", "é€😀", "\x01\x1f\x7f", 'q"b\\', "\n\t\r\b\f"]) ,
+                "n": rng.choice([None, 0, -(2**63), 2**63 - 1, i]),
+                "l": rng.choice([None, [], [1.5, None, 2.0], [0.1]]),
+                "o": rng.choice([None, {"a": None, "b": "x\u2028"}, {"a": 1e-7, "b": ""}]),
+            }
+        )
+    table = pa.Table.from_pylist(rows)
+    columns = [table.column(i).combine_chunks() for i in range(table.num_columns)]
+    got = encode_object(columns, table.column_names, PYTHON).to_pylist()
+    assert got == [_json.dumps(r, separators=(",", ":"), ensure_ascii=False, allow_nan=False) for r in rows]

@@ -23,7 +23,7 @@ import pyarrow.ipc as ipc
 
 from dpone_dagster.direct.keys import TaskHashes, key_hashes
 from dpone_dagster.direct.progress import Slice
-from dpone_dagster.formats import avro_values
+from dpone_dagster.formats import registry_values
 from dpone_dagster.shape import envelope, keys
 from dpone_dagster.shape import headers as message_headers
 from dpone_dagster.shape.headers import HeaderSpec
@@ -54,7 +54,7 @@ class DirectSettings:
     max_message_bytes: int  # a larger message goes to the Spark SQL path (bad-record policy)
     run_id: str
     windows: tuple[WindowRange, ...] = ()  # a time-window read: where late records are counted
-    avro_schema: str | None = None  # an Avro sink: values encoded with this schema (unframed)
+    value_format: tuple[str, str] | None = None  # a registry sink: (format, schema) to encode with, unframed
     frame_bytes: int = 0  # bytes the frame adds to each value (counted in the size limit)
     value_prefix: bytes = b""  # the frame, once the schema is registered (set before producing)
     envelope: tuple[str, str] | None = None  # the dpone envelope's text around each row's JSON
@@ -88,15 +88,16 @@ def shape(settings: DirectSettings, raw: pa.RecordBatch) -> pa.RecordBatch:
         raise Refused("a value the task decoder leaves to Spark (corrupt, another type, or a field beyond the schema)")
     names = settings.schema.names
     try:
-        if settings.avro_schema is not None:
-            value = avro_values.encode_values(columns, names, settings.avro_schema)
+        if settings.value_format is not None:
+            fmt, schema_str = settings.value_format
+            value = registry_values.encode_values(fmt, columns, names, schema_str)
         else:
             value = json_encode.encode_object(columns, names)
             if settings.envelope is not None:
                 value = envelope.wrap(value, settings.envelope)
             value = value.cast(pa.binary())
         key = keys.hash_row(columns, names) if settings.hash_row else keys.unique_key(columns, names, settings.key_columns)
-    except (json_encode.Unencodable, avro_values.Unencodable) as exc:
+    except (json_encode.Unencodable, registry_values.Unencodable) as exc:
         raise Refused(str(exc)) from exc
     if settings.key_columns is not None and key.null_count:
         raise Refused("a record without its unique key")

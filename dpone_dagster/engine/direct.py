@@ -228,7 +228,7 @@ def _settings(
                 for index, window in enumerate(planned.boundary.windows)
                 for r in window["partitions"]
             ),
-            avro_schema=prepared.schema_str if prepared is not None else None,
+            value_format=(prepared.fmt, prepared.schema_str) if prepared is not None else None,
             frame_bytes=len(frame(0, b"")) if prepared is not None else 0,
             envelope=(
                 envelope_parts(C.UPSERT, sink.strategy.mode, run_id, {"topic": source.topic})

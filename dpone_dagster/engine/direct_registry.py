@@ -1,4 +1,4 @@
-"""The Schema Registry side of a direct-path run into an Avro sink (engine/direct.py).
+"""The Schema Registry side of a direct-path run into an Avro or JSON Schema sink (engine/direct.py).
 
 The value schema is planned from the subject before the scan — the registry is read, nothing is
 written — so that the tasks encode every value with it (unframed). It is registered only once
@@ -14,6 +14,7 @@ from typing import Any
 from pyspark.sql.types import StructType
 
 from dpone_dagster.engine.results import RunResult
+from dpone_dagster.formats import registry_values
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.schema.wire_format import frame
 from dpone_dagster.sinks.registry import (
@@ -24,7 +25,7 @@ from dpone_dagster.sinks.registry import (
 )
 from dpone_dagster.spark.registry_codec import nullable_schema
 
-FORMATS = ("json", "avro")  # sink formats the direct path writes
+FORMATS = ("json", *registry_values.FORMATS)  # sink formats the direct path writes
 
 
 def refusal(manifest: Manifest) -> str | None:
@@ -32,21 +33,22 @@ def refusal(manifest: Manifest) -> str | None:
     options = manifest.sink.options
     if options.message_format not in FORMATS:
         return f"sink message_format {options.message_format}"
-    if options.message_format == "avro" and options.key.format not in ("string", "json"):
+    if options.message_format != "json" and options.key.format not in ("string", "json"):
         return f"key.format {options.key.format}"
     return None
 
 
 def prepare(manifest: Manifest, payload: StructType, registry_config: dict[str, Any] | None) -> tuple[PreparedSchema | None, str | None]:
     """The value schema to encode with (None for a JSON sink), or why the Spark SQL path writes it."""
-    if manifest.sink.options.message_format != "avro":
+    fmt = manifest.sink.options.message_format
+    if fmt not in registry_values.FORMATS:
         return None, None
     assert registry_config is not None
     # The decoded batch's fields are all nullable, as Spark's JSON decoder makes them.
     prepared = prepare_registry_schema(manifest, nullable_schema(payload), registry_config)
     if prepared.evolution is not None and prepared.evolution.routes:
         return None, "a type change routed to new columns (on_type_change: new_column)"
-    fields = set(target_schema("avro", prepared.schema_str).names)
+    fields = set(target_schema(fmt, prepared.schema_str).names)
     unknown = sorted(set(payload.names) - fields)
     if unknown:
         return None, f"column(s) {unknown} the registered schema does not hold"

@@ -10,9 +10,16 @@ double makes the batch unencodable (`Unencodable`) and the run takes the Spark S
 
 Every step is a vectorised Arrow kernel; values that need a rare rule (an escape, a double outside
 [1e-3, 1e7)) are formatted in Python one by one.
+
+`PYTHON` is the other flavour: what `json.dumps(obj, separators=(",", ":"), ensure_ascii=False,
+allow_nan=False)` writes (the JSON Schema sink's values, schema/json_schema.encode_json): control
+characters as lower-case `\\u00xx`, doubles as Python's `repr`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -32,12 +39,21 @@ _EXACT_DOUBLES = (1e-307, 1e16)
 
 def json_string(text: str) -> str:
     """`text` as a JSON string literal, escaped as Jackson escapes it."""
+    return _quoted(text, "X")
+
+
+def python_string(text: str) -> str:
+    """`text` as `json.dumps(text, ensure_ascii=False)` writes it."""
+    return _quoted(text, "x")
+
+
+def _quoted(text: str, hex_case: str) -> str:
     out = []
     for ch in text:
         if ch in _SHORT_ESCAPES:
             out.append(_SHORT_ESCAPES[ch])
         elif ch < " ":
-            out.append(f"\\u{ord(ch):04X}")
+            out.append(f"\\u{ord(ch):04{hex_case}}")
         else:
             out.append(ch)
     return '"' + "".join(out) + '"'
@@ -65,32 +81,41 @@ def java_double(value: float) -> str:
     return f"{sign}{digits[0]}.{digits[1:] or '0'}E{point - 1}"
 
 
-def encode(array: pa.Array) -> pa.Array:
+@dataclass(frozen=True)
+class Flavor:
+    """How a JSON writer quotes strings and prints doubles."""
+
+    string: Callable[[str], str]  # a string literal, quotes included
+    doubles: Callable[[pa.Array], pa.Array]
+
+
+def encode(array: pa.Array, flavor: Flavor | None = None) -> pa.Array:
     """Each value of `array` as JSON text (a string array; null values stay null). Raises
-    `Unencodable` for a type or value the Spark path would write differently."""
+    `Unencodable` for a type or value the flavour's writer would write differently."""
+    flavor = flavor or SPARK
     kind = array.type
     if pa.types.is_int64(kind) or pa.types.is_int32(kind):
         return pc.cast(array, pa.string())
     if pa.types.is_boolean(kind):
         return pc.if_else(array, "true", "false")
     if pa.types.is_float64(kind):
-        return _doubles(array)
+        return flavor.doubles(array)
     if pa.types.is_string(kind):
-        return _strings(array)
+        return pc.binary_join_element_wise('"', _escaped(array, flavor), '"', "")
     if pa.types.is_list(kind):
-        return _lists(array)
+        return _lists(array, flavor)
     if pa.types.is_struct(kind):
         names = [kind.field(i).name for i in range(kind.num_fields)]
-        return _object(array.flatten(), names, array.is_valid() if array.null_count else None)
+        return _object(array.flatten(), names, array.is_valid() if array.null_count else None, flavor)
     raise Unencodable(f"no JSON encoding for Arrow type {kind}")
 
 
-def encode_object(columns: list[pa.Array], names: list[str]) -> pa.Array:
+def encode_object(columns: list[pa.Array], names: list[str], flavor: Flavor | None = None) -> pa.Array:
     """One JSON object per row of `columns` (the fields `names`, in order, nulls written)."""
-    return _object(columns, names, None)
+    return _object(columns, names, None, flavor or SPARK)
 
 
-def _object(columns: list[pa.Array], names: list[str], valid: pa.Array | None) -> pa.Array:
+def _object(columns: list[pa.Array], names: list[str], valid: pa.Array | None, flavor: Flavor) -> pa.Array:
     """The fields joined in one pass. A string field without nulls puts its quotes into the
     literal text around it instead of quoting each value (~0.05 µs per value saved)."""
     if not columns:
@@ -98,12 +123,12 @@ def _object(columns: list[pa.Array], names: list[str], valid: pa.Array | None) -
     parts: list[pa.Array | str] = []
     literal = ""
     for i, (column, name) in enumerate(zip(columns, names, strict=True)):
-        literal += ("{" if i == 0 else ",") + json_string(name) + ":"
+        literal += ("{" if i == 0 else ",") + flavor.string(name) + ":"
         if pa.types.is_string(column.type) and not column.null_count:
-            parts += [literal + '"', _escaped(column)]
+            parts += [literal + '"', _escaped(column, flavor)]
             literal = '"'
         else:
-            parts += [literal, _or_null(encode(column))]
+            parts += [literal, _or_null(encode(column, flavor))]
             literal = ""
     joined = pc.binary_join_element_wise(*parts, literal + "}", "")
     return joined if valid is None else pc.if_else(valid, joined, pa.scalar(None, pa.string()))
@@ -113,11 +138,7 @@ def _or_null(encoded: pa.Array) -> pa.Array:
     return pc.fill_null(encoded, "null") if encoded.null_count else encoded
 
 
-def _strings(array: pa.Array) -> pa.Array:
-    return pc.binary_join_element_wise('"', _escaped(array), '"', "")
-
-
-def _escaped(array: pa.Array) -> pa.Array:
+def _escaped(array: pa.Array, flavor: Flavor) -> pa.Array:
     """String values with what JSON escapes escaped (without the quotes). Most batches hold no
     such character: one byte scan of the values finds that out (~100x faster than a regex)."""
     offsets, data = array.buffers()[1], array.buffers()[2]
@@ -129,7 +150,7 @@ def _escaped(array: pa.Array) -> pa.Array:
         return array
     special = pc.fill_null(pc.match_substring_regex(array, _NEEDS_ESCAPE), False)
     rare = pc.filter(array, special).to_pylist()
-    return pc.replace_with_mask(array, special, pa.array([json_string(t)[1:-1] for t in rare], pa.string()))
+    return pc.replace_with_mask(array, special, pa.array([flavor.string(t)[1:-1] for t in rare], pa.string()))
 
 
 def _doubles(array: pa.Array) -> pa.Array:
@@ -154,13 +175,25 @@ def _doubles(array: pa.Array) -> pa.Array:
     return pc.replace_with_mask(text, rare, pa.array([java_double(v) for v in values], pa.string()))
 
 
-def _lists(array: pa.Array) -> pa.Array:
+def _python_doubles(array: pa.Array) -> pa.Array:
+    """Python's repr of each double (json.dumps writes floats with it); NaN and infinities are
+    not JSON (allow_nan=False)."""
+    if array.null_count != len(array) and not pc.all(pc.is_finite(array.drop_null())).as_py():
+        raise Unencodable("a double that is not finite")
+    return pa.array([None if v is None else repr(v) for v in array.to_pylist()], pa.string())
+
+
+def _lists(array: pa.Array, flavor: Flavor) -> pa.Array:
     offsets = array.offsets
     if array.offset or offsets[0].as_py():
         offsets = pc.subtract(offsets, offsets[0])
-    values = _or_null(encode(array.flatten()))
+    values = _or_null(encode(array.flatten(), flavor))
     lists = pa.ListArray.from_arrays(offsets, values)
     joined = pc.binary_join_element_wise("[", pc.binary_join(lists, ","), "]", "")
     if not array.null_count:
         return joined
     return pc.if_else(array.is_valid(), joined, pa.scalar(None, pa.string()))
+
+
+SPARK = Flavor(json_string, _doubles)
+PYTHON = Flavor(python_string, _python_doubles)
