@@ -51,7 +51,9 @@ state: {{type: local, path: "{state}"}}
 """
 
 
-def run_both(bs: str, spark: Any, src: str, tmp_path: Path, monkeypatch: Any, strategy: str, sink_options: str = "", partitions: int = 3):
+def run_both(
+    bs: str, spark: Any, src: str, tmp_path: Path, monkeypatch: Any, strategy: str, sink_options: str = "", partitions: int = 3, source_options: str = ""
+):
     """The same manifest on each path, each into its own target; returns (direct, spark_sql),
     each as (RunResult, records)."""
     out = []
@@ -61,7 +63,10 @@ def run_both(bs: str, spark: Any, src: str, tmp_path: Path, monkeypatch: Any, st
         dst = unique_topic(f"d_{path}")
         create_topic(bs, dst, partitions)
         state = tmp_path / path
-        result = run_pipeline(parse_manifest(manifest_text(src, dst, state, strategy, sink_options)), spark)
+        text = manifest_text(src, dst, state, strategy, sink_options)
+        if source_options:
+            text = text.replace("options: {group_id:", f"options: {{{source_options}, group_id:")
+        result = run_pipeline(parse_manifest(text), spark)
         out.append((result, consume_raw(bs, dst)))
     monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
     return out
@@ -221,7 +226,6 @@ def test_what_only_spark_sql_does_goes_there_before_anything_is_produced(broker,
     bs = broker.bootstrap_servers
     keyed = "{mode: incremental_append, unique_key: order_id}"
     cases = {  # reason: (the odd record, source options, sink options, strategy)
-        "tombstone": (None, "", "deletes: {when_disabled: skip}", "{mode: incremental_append}"),
         "a value that is not JSON": (b"{not json", "on_error: skip", "", keyed),
         "a field beyond the schema sample": ({"order_id": 5_000, "amount": 1.5, "blob": "", "extra": 1}, "", "", keyed),
         "a double Java prints differently": ({"order_id": 5_000, "amount": 6.960309306789904e18, "blob": ""}, "", "", keyed),
@@ -252,6 +256,65 @@ def test_what_only_spark_sql_does_goes_there_before_anything_is_produced(broker,
         values = [r["value"] for r in produced]
         assert len(set(values)) == len(values) or reason.startswith("a key"), reason
         assert result.committed_offsets == {0: 1_200}, reason
+
+
+DELETE_SINKS = {
+    "tombstones": ("{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}", "deletes: {enabled: true, tombstone: true}"),
+    "envelope events": ("{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}", "envelope: dpone, deletes: {enabled: true}"),
+    "skipped": ("{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_first}", "deletes: {when_disabled: skip}"),
+}
+
+
+@pytest.mark.parametrize("sink", sorted(DELETE_SINKS))
+@pytest.mark.parametrize("source_envelope", ["flat", "dpone"])
+def test_deletes_as_the_spark_sql_path_writes_them(broker, spark, kafka_env, tmp_path, monkeypatch, sink, source_envelope):
+    """Source tombstones (the key is the source key), envelope deletes (with or without their
+    data), upserts before and after them, keys repeated across partitions: tombstones, envelope
+    delete events or deletes left out, the same on both paths."""
+    bs = broker.bootstrap_servers
+    src = unique_topic("dsrc")
+    create_topic(bs, src, 2)
+    producer = Producer({"bootstrap.servers": bs})
+    for i in range(300):
+        order = {"order_id": i % 60, "amount": i * 1.5, "note": f"v{i}"}
+        if i % 7 == 3:
+            value = None  # a tombstone: the record's key says what is deleted
+        elif source_envelope == "dpone" and i % 11 == 5:
+            value = json.dumps({"op": "delete", "data": {"order_id": i % 60} if i % 2 else None}).encode()
+        elif source_envelope == "dpone":
+            value = json.dumps({"op": "upsert", "data": order, "schema_version": 1}).encode()
+        else:
+            value = json.dumps(order).encode()
+        producer.produce(src, value, str(i % 60).encode(), partition=i % 2, timestamp=1_700_000_000_000 + i)
+    assert producer.flush(30) == 0
+    strategy, sink_options = DELETE_SINKS[sink]
+    (direct, direct_records), (sql, sql_records) = run_both(
+        bs, spark, src, tmp_path, monkeypatch, strategy, sink_options, source_options=f"envelope: {source_envelope}"
+    )
+    assert direct.execution_path == "direct" and sql.execution_path == "spark_sql"
+    assert direct.deletes_skipped == sql.deletes_skipped and direct.tombstones == sql.tombstones
+    assert direct.messages_produced == sql.messages_produced == len(direct_records)
+
+    def written(result: Any, records: list[dict[str, Any]]) -> Counter:  # each run names its own run id
+        run_id = result.run_id.encode()
+        return Counter((r["partition"], r["key"], r["value"] and r["value"].replace(run_id, b"<run>")) for r in records)
+
+    assert written(direct, direct_records) == written(sql, sql_records)
+
+
+def test_deletes_a_sink_does_not_take_fail_the_run_on_both_paths(broker, spark, kafka_env, tmp_path, monkeypatch):
+    bs = broker.bootstrap_servers
+    src = unique_topic("dsrc")
+    create_topic(bs, src, 1)
+    produce_json(bs, src, [{"order_id": i} for i in range(10)] + [None], partition=0, key=lambda row: "9")
+    for path in ("on", "off"):
+        monkeypatch.setenv("DPONE_DIRECT_PATH", path)
+        dst = unique_topic("ddst")
+        create_topic(bs, dst, 1)
+        m = parse_manifest(manifest_text(src, dst, tmp_path / path, "{mode: incremental_append, unique_key: order_id}"))
+        with pytest.raises(RunFailed, match=r"the batch holds 1 delete\(s\) but sink.options.deletes.enabled is false"):
+            run_pipeline(m, spark)
+        assert consume_raw(bs, dst) == []
 
 
 def test_an_op_field_takes_the_spark_sql_path_and_other_engine_names_are_refused(broker, spark, kafka_env, tmp_path):

@@ -60,6 +60,12 @@ class DirectSettings:
     envelope: tuple[str, str] | None = None  # the dpone envelope's text around each row's JSON
     hash_row: bool = False  # key: the hex SHA-256 of the row's canonical JSON
     headers: HeaderSpec | None = None  # headers the messages carry
+    source_envelope: str = "flat"  # flat | dpone: how the source's values are decoded
+    # What a delete (a tombstone, an envelope with a delete op) becomes: "tombstone", "event" (a
+    # dpone envelope with op delete: `delete_envelope`), or, with deletes disabled, "skip" (left
+    # out) or "fail" (counted; the run fails before producing).
+    deletes: str = "fail"
+    delete_envelope: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,45 +77,75 @@ class ScanReport:
     refused: str | None  # the batch needs the Spark SQL path
     hashes: TaskHashes | None = None  # of the keys, when the driver needs them
     late: dict[int, int] = field(default_factory=dict)  # late records per window index
+    deletes: int = 0  # deletes in the slices (left out of the messages when skipped)
 
 
 class Refused(Exception):
     """A record the direct path leaves to the Spark SQL path (its reason is the message)."""
 
 
-def shape(settings: DirectSettings, raw: pa.RecordBatch) -> pa.RecordBatch:
-    """The sink's messages of one batch of raw records: key, value (JSON as Spark writes it),
-    and the source offset and timestamp. Raises Refused for what only the Spark SQL path handles."""
-    values = raw.column("value")
-    if values.null_count:
-        raise Refused("the batch holds tombstones (deletes)")
-    columns = arrow_json.decode_values(values, settings.schema)
-    if columns is None:
-        raise Refused("a value the task decoder leaves to Spark (corrupt, another type, or a field beyond the schema)")
+def shape(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBatch, int]:
+    """The sink's messages of one batch of raw records — key, value (JSON as Spark writes it, a
+    registry format, or null for a tombstone), the source offset and timestamp — and how many of
+    the records are deletes. Raises Refused for what only the Spark SQL path handles."""
+    raw, columns, is_delete = _decoded(settings, raw)
+    deletes = int(pc.sum(is_delete).as_py() or 0)
+    if deletes and settings.deletes == "skip":
+        kept = pc.invert(is_delete)
+        raw, columns, is_delete = raw.filter(kept), [c.filter(kept) for c in columns], is_delete.filter(kept)
     names = settings.schema.names
     try:
         if settings.value_format is not None:
             fmt, schema_str = settings.value_format
             value = registry_values.encode_values(fmt, columns, names, schema_str)
         else:
-            value = json_encode.encode_object(columns, names)
-            if settings.envelope is not None:
-                value = envelope.wrap(value, settings.envelope)
+            data = json_encode.encode_object(columns, names)
+            value = envelope.wrap(data, settings.envelope) if settings.envelope is not None else data
+            if deletes and settings.deletes == "event" and settings.delete_envelope is not None:
+                value = pc.if_else(is_delete, envelope.wrap(data, settings.delete_envelope), value)
             value = value.cast(pa.binary())
         key = keys.hash_row(columns, names) if settings.hash_row else keys.unique_key(columns, names, settings.key_columns)
     except (json_encode.Unencodable, registry_values.Unencodable) as exc:
         raise Refused(str(exc)) from exc
+    if deletes and settings.key_columns is not None:  # a delete without its key columns: the source key
+        key = pc.if_else(pc.and_(is_delete, key.is_null()), raw.column("key"), key)
+    if deletes and settings.deletes == "tombstone":
+        value = pc.if_else(is_delete, pa.scalar(None, pa.binary()), value)
     if settings.key_columns is not None and key.null_count:
-        raise Refused("a record without its unique key")
+        raise Refused("a record without its unique key (or a delete without any key)")
     arrays = [key, value, raw.column("offset"), raw.column("timestamp")]
     if settings.headers is not None and settings.headers.replicate:
-        return pa.RecordBatch.from_arrays([*arrays, raw.column("headers")], names=[*MESSAGE_SCHEMA.names, SOURCE_HEADERS])
-    return pa.RecordBatch.from_arrays(arrays, names=MESSAGE_SCHEMA.names)
+        return pa.RecordBatch.from_arrays([*arrays, raw.column("headers")], names=[*MESSAGE_SCHEMA.names, SOURCE_HEADERS]), deletes
+    return pa.RecordBatch.from_arrays(arrays, names=MESSAGE_SCHEMA.names), deletes
+
+
+DELETE_OPS = ("delete", "d", "DELETE", "D")  # as the Spark SQL path reads them (spark/decode.py)
+
+
+def _decoded(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBatch, list[pa.Array], pa.Array]:
+    """The payload columns of a batch and which records are deletes (a tombstone, or an envelope
+    whose op is a delete op)."""
+    values = raw.column("value")
+    tombstone = values.is_null()
+    if settings.source_envelope == "dpone":
+        decoded = arrow_json.decode_envelopes(values, settings.schema)
+        if decoded is None:
+            raise Refused("an envelope the task decoder leaves to Spark (corrupt, another type, or a field beyond the schema)")
+        op, has_data, columns = decoded
+        is_delete = pc.or_(tombstone, pc.fill_null(pc.is_in(op, pa.array(DELETE_OPS)), False))
+        # An envelope without its op, or an upsert without its data, is a bad record.
+        if pc.any(pc.and_(pc.invert(tombstone), pc.or_(op.is_null(), pc.and_(pc.invert(has_data), pc.invert(is_delete))))).as_py():
+            raise Refused("an envelope without its op, or an upsert without its data")
+        return raw, columns, is_delete
+    columns = arrow_json.decode_values(values, settings.schema)
+    if columns is None:
+        raise Refused("a value the task decoder leaves to Spark (corrupt, another type, or a field beyond the schema)")
+    return raw, columns, tombstone
 
 
 def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
     """Read, decode and shape `slices`, keeping the messages in this executor's spill files."""
-    rows = size = 0
+    rows = size = deletes = 0
     hashes: list[np.ndarray] = []
     late: dict[int, int] = {}
     sweep_stale_spills(settings)
@@ -117,12 +153,14 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
         for piece in slices:
             with _SpillWriter(spill_path(settings, piece)) as spill:
                 for raw in read_one_range(settings.reader, *piece):
-                    messages = shape(settings, raw)
+                    messages, found = shape(settings, raw)
+                    deletes += found
                     if settings.windows:
                         offsets, stamps = messages.column("offset").to_numpy(), messages.column("timestamp").to_numpy()
                         for index, n in late_counts(settings.windows, piece[1], offsets, stamps).items():
                             late[index] = late.get(index, 0) + n
-                    lengths = pc.add(pc.add(pc.binary_length(messages.column("value")), _key_lengths(messages)), settings.frame_bytes)
+                    value_lengths = pc.fill_null(pc.binary_length(messages.column("value")), 0)
+                    lengths = pc.add(pc.add(value_lengths, _key_lengths(messages)), settings.frame_bytes)
                     if settings.headers is not None:
                         lengths = pc.add(lengths, pa.array(_header_bytes(settings, piece[1], messages)))
                     largest = pc.max(lengths).as_py() or 0
@@ -131,11 +169,11 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                     if settings.hashed:
                         hashes.append(key_hashes(messages.column("key")))
                     spill.write(messages)
-                    rows += messages.num_rows
+                    rows += messages.num_rows + (found if settings.deletes == "skip" else 0)
                     size += int(pc.sum(lengths).as_py() or 0)
     except Refused as exc:
         return ScanReport(rows, size, str(exc))
-    return ScanReport(rows, size, None, TaskHashes.of(hashes) if settings.hashed else None, late)
+    return ScanReport(rows, size, None, TaskHashes.of(hashes) if settings.hashed else None, late, deletes)
 
 
 def late_counts(windows: tuple[WindowRange, ...], partition: int, offsets: np.ndarray, stamps: np.ndarray) -> dict[int, int]:
@@ -260,7 +298,7 @@ def _messages(settings: DirectSettings, piece: Slice) -> Iterator[pa.RecordBatch
         source = pa.memory_map(path)
     except FileNotFoundError:
         for raw in read_one_range(settings.reader, *piece):
-            yield shape(settings, raw)
+            yield shape(settings, raw)[0]
         return
     with source:
         reader = ipc.open_file(source)

@@ -47,6 +47,7 @@ from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.stages.gates import pre_publish_gates
 from dpone_dagster.engine.stages.load import Delivered, check_delivery, producer_settings
+from dpone_dagster.engine.stages.shape import deletes_disabled
 from dpone_dagster.engine.stages.timing import Log, stage
 from dpone_dagster.engine.time_windows import LateRecordScreen, judge_late_records
 from dpone_dagster.kafka.boundary import pack_tasks, split_into_tasks
@@ -92,6 +93,8 @@ def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
         return f"read_mode {planned.boundary.method}"
     if isinstance(planned.source, LateRecordScreen) and planned.source.policy == "dead_letter":
         return "late_records: dead_letter"
+    if isinstance(planned.source, LateRecordScreen) and not sink.options.deletes.enabled and sink.options.deletes.when_disabled == "skip":
+        return "deletes.when_disabled: skip in a time window (late records count the deletes too)"
     if not planned.boundary.total:
         return "nothing to read"
     if sink.strategy.mode not in STRATEGIES:
@@ -145,7 +148,13 @@ def copy(
         rows = result.rows_extracted = sum(r.rows for r in reports)
         _gates(manifest, spark, planned, result, rows, "quality_pre", "extracted", log)
         with stage(result, "shape", log):
+            deletes = sum(r.deletes for r in reports)
+            if deletes and settings.deletes == "fail":
+                raise deletes_disabled(deletes)
+            if settings.deletes == "skip":
+                result.deletes_skipped = deletes
             skip, removed = _settle_repeated_keys(manifest, spark, jobs, settings, groups, found, read_bound)
+            removed += result.deletes_skipped  # left out of the messages either way
             _gates(manifest, spark, planned, result, rows - removed, "quality_published", "published", log)
     except _ToSparkSql as exc:
         _remove_spills(spark, jobs, settings, groups)
@@ -161,10 +170,10 @@ def copy(
         _remove_spills(spark, jobs, settings, groups)
         raise
     result.notes.extend(planned.source.json_plan(boundary).notes)
-    result.duplicates_removed = removed
+    result.duplicates_removed = removed - result.deletes_skipped
     result.execution_path = "direct"
     producer = producer_settings(manifest, sink_config)
-    checkpoint = storing_rule(manifest, planned.checkpoint, removed, result)
+    checkpoint = storing_rule(manifest, planned.checkpoint, removed - result.deletes_skipped, result)
     try:
         if prepared is not None:  # every gate passed: the schema may be registered now
             settings = replace(settings, value_prefix=direct_registry.register(manifest, prepared, registry_config, result))
@@ -195,7 +204,7 @@ def _settings(
     source = _batch_source(planned)
     assert source is not None  # refusal() checked it
     plan = source.json_plan(planned.boundary)
-    if plan.envelope != "flat":
+    if plan.envelope not in ("flat", "dpone"):
         return None, None, f"source envelope {plan.envelope}"
     schema = arrow_json.arrow_schema(plan.schema)
     if schema is None or not len(schema):
@@ -237,10 +246,21 @@ def _settings(
             ),
             hash_row=sink.options.key.mode == "hash_row",
             headers=HeaderSpec.of(sink.options.headers.static, sink.options.headers.lineage, sink.options.headers.replicate_source, source.topic),
+            source_envelope=plan.envelope,
+            deletes=_delete_mode(manifest),
+            delete_envelope=envelope_parts(C.DELETE, sink.strategy.mode, run_id, {"topic": source.topic}),
         ),
         prepared,
         None,
     )
+
+
+def _delete_mode(manifest: Manifest) -> str:
+    """What a delete becomes (direct/task.DirectSettings.deletes)."""
+    deletes = manifest.sink.options.deletes
+    if not deletes.enabled:
+        return deletes.when_disabled  # skip | fail
+    return "tombstone" if deletes.tombstone else "event"
 
 
 def _batch_source(planned: PlannedRead) -> KafkaBatchSource | None:

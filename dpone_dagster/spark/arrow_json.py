@@ -61,10 +61,39 @@ def _lines(values: pa.Array) -> pa.Buffer:
 def decode_values(values: pa.Array, schema: pa.Schema) -> list[pa.Array] | None:
     """One array per schema field, aligned with `values` (null for null values = tombstones), or
     None when this batch must be decoded by the JVM."""
+    table = _read(values, schema)
+    # No field beyond the schema at any depth (the JVM reports drift and widens the schema).
+    if table is None or table.schema != schema:
+        return None
+    return _aligned(values, [table.column(i).slice(1).combine_chunks() for i in range(len(schema))])
+
+
+def decode_envelopes(values: pa.Array, schema: pa.Schema) -> tuple[pa.Array, pa.Array, list[pa.Array]] | None:
+    """dpone envelopes `{"op", "data", ...}`: the op text, whether the data is there, and one array
+    per field of the data, aligned with `values` (nulls for null values), or None when this batch
+    must be decoded by the JVM.
+    Fields of the envelope beyond op and data (metadata, source, schema_version) are read past, as
+    Spark's decoder reads past them; a field of the data beyond the schema is drift (None)."""
+    data_type = pa.struct(list(schema))
+    table = _read(values, pa.schema([("op", pa.string()), ("data", data_type)]))
+    if table is None or table.schema.field("op").type != pa.string() or table.schema.field("data").type != data_type:
+        return None
+    op = table.column("op").slice(1).combine_chunks()
+    data = table.column("data").slice(1).combine_chunks()
+    fields = [data.field(i) for i in range(data_type.num_fields)]
+    if data.null_count:  # a null data object: every field null
+        fields = [pc.if_else(data.is_valid(), f, pa.scalar(None, f.type)) for f in fields]
+    aligned = _aligned(values, [op, data.is_valid(), *fields])
+    return aligned[0], pc.fill_null(aligned[1], False), aligned[2:]
+
+
+def _read(values: pa.Array, schema: pa.Schema) -> pa.Table | None:
+    """The non-null values read with `schema` (unexpected fields inferred), the sentinel row first;
+    None when pyarrow cannot read them exactly as Spark would."""
     present = values.drop_null() if values.null_count else values
     n = len(present)
     if n == 0:
-        return [pa.nulls(len(values), field.type) for field in schema]
+        return pa.table({f.name: pa.nulls(1, f.type) for f in schema}, schema=schema)
     # Every value one object on one line: starts with '{', holds no line break (JSON escapes
     # them inside strings, so a raw one is formatting — or two records in one value).
     if not pc.all(pc.starts_with(present, "{")).as_py():
@@ -83,13 +112,16 @@ def decode_values(values: pa.Array, schema: pa.Schema) -> list[pa.Array] | None:
         table.validate(full=True)
     except (pa.ArrowException, UnicodeDecodeError, ValueError):
         return None
-    # One row per value (a value holding two objects would add rows), and no field beyond the
-    # schema at any depth (the JVM reports drift and widens the schema).
-    if table.num_rows != n + 1 or table.schema != schema:
-        return None
-    columns = [table.column(i).slice(1).combine_chunks() for i in range(len(schema))]
-    if values.null_count:
-        positions = pc.subtract(pc.cumulative_sum(pc.cast(values.is_valid(), pa.int64())), 1)
-        indices = pc.if_else(values.is_valid(), positions, pa.scalar(None, pa.int64()))
-        columns = [column.take(indices) for column in columns]
-    return columns
+    # One row per value (a value holding two objects would add rows).
+    return table if table.num_rows == n + 1 else None
+
+
+def _aligned(values: pa.Array, columns: list[pa.Array]) -> list[pa.Array]:
+    """Columns of the non-null values spread back over `values` (null where the value is null)."""
+    if not values.null_count:
+        return columns
+    if values.null_count == len(values):
+        return [pa.nulls(len(values), c.type) for c in columns]
+    positions = pc.subtract(pc.cumulative_sum(pc.cast(values.is_valid(), pa.int64())), 1)
+    indices = pc.if_else(values.is_valid(), positions, pa.scalar(None, pa.int64()))
+    return [column.take(indices) for column in columns]

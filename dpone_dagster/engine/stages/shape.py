@@ -56,10 +56,7 @@ def shape_messages(
     batch = staged
     if deletes and not options.deletes.enabled:
         if options.deletes.when_disabled == "fail":
-            raise RunFailed(
-                f"the batch holds {deletes} delete(s) but sink.options.deletes.enabled is false; enable deletes "
-                "(with tombstone: true, or envelope: dpone) or set deletes.when_disabled: skip to drop them"
-            )
+            raise deletes_disabled(deletes)
         batch = batch.where(F.col(C.OP) != C.DELETE)
         result.deletes_skipped = deletes
     keyed = kafka_messages.sink_key(batch, sink)
@@ -105,6 +102,14 @@ def shape_messages(
     if bound is not None and bound <= limit:
         return Messages(messages, expected)  # no message can be over the limit: the producer tasks encode
     return Messages(*_measured_messages(manifest, messages, limit, expected, letters, result, kept))
+
+
+def deletes_disabled(count: int) -> RunFailed:
+    """The failure of a batch holding deletes a sink with deletes disabled may not drop."""
+    return RunFailed(
+        f"the batch holds {count} delete(s) but sink.options.deletes.enabled is false; enable deletes "
+        "(with tombstone: true, or envelope: dpone) or set deletes.when_disabled: skip to drop them"
+    )
 
 
 # Duplicated keys up to this many are resolved with a broadcast of (key, winning order); more
