@@ -262,6 +262,8 @@ DELETE_SINKS = {
     "tombstones": ("{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}", "deletes: {enabled: true, tombstone: true}"),
     "envelope events": ("{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}", "envelope: dpone, deletes: {enabled: true}"),
     "skipped": ("{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_first}", "deletes: {when_disabled: skip}"),
+    # No unique_key: upserts have no key, a delete the source record's key.
+    "events without a unique key": ("{mode: incremental_append}", "envelope: dpone, deletes: {enabled: true}, headers: {replicate_source: true}"),
 }
 
 
@@ -297,9 +299,20 @@ def test_deletes_as_the_spark_sql_path_writes_them(broker, spark, kafka_env, tmp
 
     def written(result: Any, records: list[dict[str, Any]]) -> Counter:  # each run names its own run id
         run_id = result.run_id.encode()
-        return Counter((r["partition"], r["key"], r["value"] and r["value"].replace(run_id, b"<run>")) for r in records)
+        return Counter(
+            (r["partition"] if r["key"] is not None else None, r["key"], r["value"] and r["value"].replace(run_id, b"<run>"), tuple(r["headers"]))
+            for r in records
+        )
 
     assert written(direct, direct_records) == written(sql, sql_records)
+
+
+def test_headers_of_a_slice_left_empty():
+    """Every record of a spilled batch left out (keep_last, deletes skipped): no headers to build."""
+    from dpone_dagster.shape.headers import HEADERS_TYPE, HeaderSpec, headers
+
+    spec = HeaderSpec.of({"env": "prod"}, True, True, "t")
+    assert headers(spec, 0, pa.array([], pa.int64()), pa.array([], HEADERS_TYPE)).to_pylist() == []
 
 
 def test_deletes_a_sink_does_not_take_fail_the_run_on_both_paths(broker, spark, kafka_env, tmp_path, monkeypatch):

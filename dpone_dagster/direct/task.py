@@ -66,6 +66,9 @@ class DirectSettings:
     # out) or "fail" (counted; the run fails before producing).
     deletes: str = "fail"
     delete_envelope: tuple[str, str] | None = None
+    # key.mode unique_key: a delete whose key columns give no key takes the source record's key
+    # (also when the sink names no unique_key columns, as the Spark SQL path does).
+    source_key_for_deletes: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,12 @@ def shape(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBatch
     try:
         if settings.value_format is not None:
             fmt, schema_str = settings.value_format
-            value = registry_values.encode_values(fmt, columns, names, schema_str)
+            if deletes and settings.deletes == "tombstone":  # a tombstone's value is never encoded
+                upserts = pc.invert(is_delete)
+                encoded = registry_values.encode_values(fmt, [c.filter(upserts) for c in columns], names, schema_str)
+                value = _spread(encoded, upserts)
+            else:
+                value = registry_values.encode_values(fmt, columns, names, schema_str)
         else:
             data = json_encode.encode_object(columns, names)
             value = envelope.wrap(data, settings.envelope) if settings.envelope is not None else data
@@ -107,8 +115,10 @@ def shape(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBatch
         key = keys.hash_row(columns, names) if settings.hash_row else keys.unique_key(columns, names, settings.key_columns)
     except (json_encode.Unencodable, registry_values.Unencodable) as exc:
         raise Refused(str(exc)) from exc
-    if deletes and settings.key_columns is not None:  # a delete without its key columns: the source key
+    if deletes and settings.source_key_for_deletes:  # a delete without its key columns: the source key
         key = pc.if_else(pc.and_(is_delete, key.is_null()), raw.column("key"), key)
+        if pc.any(pc.and_(is_delete, key.is_null())).as_py():
+            raise Refused("a delete without any key")
     if deletes and settings.deletes == "tombstone":
         value = pc.if_else(is_delete, pa.scalar(None, pa.binary()), value)
     if settings.key_columns is not None and key.null_count:
@@ -120,6 +130,12 @@ def shape(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBatch
 
 
 DELETE_OPS = ("delete", "d", "DELETE", "D")  # as the Spark SQL path reads them (spark/decode.py)
+
+
+def _spread(values: pa.Array, where: pa.Array) -> pa.Array:
+    """`values` (one per true of `where`) back in the rows of `where`, null elsewhere."""
+    positions = pc.subtract(pc.cumulative_sum(pc.cast(where, pa.int64())), 1)
+    return values.take(pc.if_else(where, positions, pa.scalar(None, pa.int64())))
 
 
 def _decoded(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBatch, list[pa.Array], pa.Array]:
@@ -159,8 +175,9 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                         offsets, stamps = messages.column("offset").to_numpy(), messages.column("timestamp").to_numpy()
                         for index, n in late_counts(settings.windows, piece[1], offsets, stamps).items():
                             late[index] = late.get(index, 0) + n
-                    value_lengths = pc.fill_null(pc.binary_length(messages.column("value")), 0)
-                    lengths = pc.add(pc.add(value_lengths, _key_lengths(messages)), settings.frame_bytes)
+                    value_lengths = pc.binary_length(messages.column("value"))  # a tombstone: none, nor a frame
+                    value_lengths = pc.fill_null(pc.add(value_lengths, settings.frame_bytes), 0)
+                    lengths = pc.add(value_lengths, _key_lengths(messages))
                     if settings.headers is not None:
                         lengths = pc.add(lengths, pa.array(_header_bytes(settings, piece[1], messages)))
                     largest = pc.max(lengths).as_py() or 0
@@ -230,6 +247,8 @@ def produce(
             for batch in _messages(settings, piece):
                 if dropped is not None and len(dropped):
                     batch = batch.filter(pa.array(~np.isin(batch.column("offset").to_numpy(), dropped)))
+                if not batch.num_rows:
+                    continue
                 value = batch.column("value")
                 if settings.value_prefix:  # the registered schema's frame
                     value = pc.binary_join_element_wise(prefix, value, pa.scalar(b"", pa.binary()))

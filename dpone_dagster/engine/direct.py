@@ -162,7 +162,7 @@ def copy(
         del result.notes[noted:]
         attempt = sum(result.timings.pop(name, 0.0) for name in ("extract", "quality_pre", "shape", "quality_published"))
         result.timings["direct_attempt"] = round(attempt, 3)
-        result.rows_extracted = 0
+        result.rows_extracted = result.deletes_skipped = 0
         result.notes.append(f"direct path: the batch went to the Spark SQL path: {exc}")
         log(f"direct path: handing the batch to the Spark SQL path ({exc})")
         return None
@@ -248,6 +248,7 @@ def _settings(
             headers=HeaderSpec.of(sink.options.headers.static, sink.options.headers.lineage, sink.options.headers.replicate_source, source.topic),
             source_envelope=plan.envelope,
             deletes=_delete_mode(manifest),
+            source_key_for_deletes=sink.options.key.mode == "unique_key",
             delete_envelope=envelope_parts(C.DELETE, sink.strategy.mode, run_id, {"topic": source.topic}),
         ),
         prepared,

@@ -31,6 +31,8 @@ def headers(spec: HeaderSpec, partition: int, offsets: pa.Array, source: pa.Arra
     source records' headers, when replicated), built column-wise: the fixed entries of every row
     (static, lineage) are taken from a small pool, then placed after the row's own headers."""
     n = len(offsets)
+    if n == 0:
+        return pa.array([], HEADERS_TYPE)
     fixed_keys = [k for k, _ in spec.static]
     fixed_values: list[bytes] = [v for _, v in spec.static]
     if spec.lineage_topic is not None:
