@@ -378,7 +378,7 @@ def test_lost_executor_mid_run_never_advances_offsets_past_delivery(cluster, bro
 
     Whatever Spark makes of it, the run either succeeds with every record in the sink (at least
     once: a producing task that died after sending part of its slice is sent again in full), or
-    fails cleanly with the stored offsets unchanged. docs/spark-cluster.md records what happened."""
+    fails cleanly with the stored offsets at most at the end of what was delivered without a gap. docs/spark-cluster.md records what happened."""
     bs = broker.bootstrap_servers
     src, dst = unique_topic("ksrc"), unique_topic("kdst")
     per_partition = 15_000
@@ -430,8 +430,15 @@ def test_lost_executor_mid_run_never_advances_offsets_past_delivery(cluster, bro
     else:
         assert code == 1, (code, err[-3000:])
         assert result["status"] == "failed" and result["error"], result
-        assert state["offsets"] == {str(p): o for p, o in start.items()}, "a failed run moved the offsets"
         assert state["last_runs"][0]["status"] == "failed"
+        # The direct path stores a partition's offset as its slices are delivered without a gap
+        # (README, Stored offset): a failed run may keep that progress, never more.
+        delivered = set(keys)
+        for p, first in start.items():
+            stored = state["offsets"][str(p)]
+            assert first <= stored <= per_partition, (p, stored)
+            behind = {p * per_partition + o for o in range(first, stored)}
+            assert behind <= delivered, f"partition {p}: {len(behind - delivered)} record(s) behind the stored offset are not in the sink"
 
     logs = cluster.executor_logs(new_app(cluster, before)["id"])
     assert victim in logs, f"the killed worker never ran an executor of the run: {sorted(logs)}"

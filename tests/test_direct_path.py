@@ -172,6 +172,28 @@ def test_a_registry_sink_writes_what_the_spark_sql_path_writes(broker, spark, ka
     assert client.get_versions(direct_subject) == [1]  # registered once
 
 
+def test_a_protobuf_sink_writes_what_the_spark_sql_path_writes(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """A generated message class (its file imports well-known types): registered after the gates,
+    each value framed with the schema id and the message indexes; the same bytes on both paths."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "proto"))
+    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", f"mock://{uuid.uuid4().hex[:8]}")
+    bs = broker.bootstrap_servers
+    src = unique_topic("dsrc")
+    create_topic(bs, src, 2)
+    rows = [{"id": i, "name": None if i % 5 == 0 else f"n{i} é", "amount": i * 0.5, "tags": [f"t{j}" for j in range(i % 3)]} for i in range(400)]
+    produce_json(bs, src, rows, key=lambda row: row["id"])
+    sink = "message_format: protobuf, schema_registry: {enabled: true, protobuf_message: 'dpone_test_orders_pb2:Order'}"
+    (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path, monkeypatch, "{mode: incremental_append, unique_key: id}", sink, 2)
+    assert direct.execution_path == "direct" and sql.execution_path == "spark_sql"
+    assert len(direct_records) == 400
+    # Each target's subject has its own id; then the message index (0: the file's first message).
+    for result, records in ((direct, direct_records), (sql, sql_records)):
+        assert {r["value"][:6] for r in records} == {b"\x00" + result.schema_evolution["schema_id"].to_bytes(4, "big") + b"\x00"}
+    assert messages([{**r, "value": r["value"][6:]} for r in direct_records]) == messages([{**r, "value": r["value"][6:]} for r in sql_records])
+
+
 @pytest.mark.parametrize(
     "sink_options",
     [

@@ -54,7 +54,9 @@ class DirectSettings:
     max_message_bytes: int  # a larger message goes to the Spark SQL path (bad-record policy)
     run_id: str
     windows: tuple[WindowRange, ...] = ()  # a time-window read: where late records are counted
-    value_format: tuple[str, str] | None = None  # a registry sink: (format, schema) to encode with, unframed
+    # A registry sink: format, schema, and for protobuf the message indexes and imported files, to
+    # encode the values with (unframed).
+    value_format: tuple[str, str, tuple[int, ...] | None, tuple[tuple[str, str], ...]] | None = None
     frame_bytes: int = 0  # bytes the frame adds to each value (counted in the size limit)
     value_prefix: bytes = b""  # the frame, once the schema is registered (set before producing)
     envelope: tuple[str, str] | None = None  # the dpone envelope's text around each row's JSON
@@ -99,13 +101,13 @@ def shape(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBatch
     names = settings.schema.names
     try:
         if settings.value_format is not None:
-            fmt, schema_str = settings.value_format
+            fmt, schema_str, indexes, references = settings.value_format
             if deletes and settings.deletes == "tombstone":  # a tombstone's value is never encoded
                 upserts = pc.invert(is_delete)
-                encoded = registry_values.encode_values(fmt, [c.filter(upserts) for c in columns], names, schema_str)
+                encoded = registry_values.encode_values(fmt, [c.filter(upserts) for c in columns], names, schema_str, indexes, references)
                 value = _spread(encoded, upserts)
             else:
-                value = registry_values.encode_values(fmt, columns, names, schema_str)
+                value = registry_values.encode_values(fmt, columns, names, schema_str, indexes, references)
         else:
             data = json_encode.encode_object(columns, names)
             value = envelope.wrap(data, settings.envelope) if settings.envelope is not None else data

@@ -55,7 +55,6 @@ from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.kafka.delivery import aggregate
 from dpone_dagster.manifest.models import KafkaSink, KafkaSource, Manifest
 from dpone_dagster.quality.gates import check_stage
-from dpone_dagster.schema.wire_format import frame
 from dpone_dagster.shape.envelope import envelope_parts
 from dpone_dagster.shape.headers import HeaderSpec
 from dpone_dagster.sinks.registry import PreparedSchema
@@ -237,8 +236,8 @@ def _settings(
                 for index, window in enumerate(planned.boundary.windows)
                 for r in window["partitions"]
             ),
-            value_format=(prepared.fmt, prepared.schema_str) if prepared is not None else None,
-            frame_bytes=len(frame(0, b"")) if prepared is not None else 0,
+            value_format=(prepared.fmt, prepared.schema_str, prepared.message_indexes, prepared.references) if prepared is not None else None,
+            frame_bytes=len(direct_registry.value_frame(prepared, 0)) if prepared is not None else 0,
             envelope=(
                 envelope_parts(C.UPSERT, sink.strategy.mode, run_id, {"topic": source.topic})
                 if sink.options.envelope == "dpone"

@@ -17,13 +17,8 @@ from dpone_dagster.engine.results import RunResult
 from dpone_dagster.formats import registry_values
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.schema.wire_format import frame
-from dpone_dagster.sinks.registry import (
-    PreparedSchema,
-    prepare_registry_schema,
-    register_prepared,
-    target_schema,
-)
-from dpone_dagster.spark.registry_codec import nullable_schema
+from dpone_dagster.sinks.registry import PreparedSchema, prepare_registry_schema, register_prepared
+from dpone_dagster.spark.registry_codec import nullable_schema, writer_schema
 
 FORMATS = ("json", *registry_values.FORMATS)  # sink formats the direct path writes
 
@@ -46,9 +41,11 @@ def prepare(manifest: Manifest, payload: StructType, registry_config: dict[str, 
     assert registry_config is not None
     # The decoded batch's fields are all nullable, as Spark's JSON decoder makes them.
     prepared = prepare_registry_schema(manifest, nullable_schema(payload), registry_config)
+    if fmt == "protobuf" and manifest.sink.options.key.format != "string":
+        return None, f"key.format {manifest.sink.options.key.format}"
     if prepared.evolution is not None and prepared.evolution.routes:
         return None, "a type change routed to new columns (on_type_change: new_column)"
-    fields = set(target_schema(fmt, prepared.schema_str).names)
+    fields = set(writer_schema(fmt, prepared.schema_str, list(prepared.message_indexes or []) or None, prepared.references).names)
     unknown = sorted(set(payload.names) - fields)
     if unknown:
         return None, f"column(s) {unknown} the registered schema does not hold"
@@ -60,4 +57,10 @@ def register(manifest: Manifest, prepared: PreparedSchema, registry_config: dict
     assert registry_config is not None
     plan = register_prepared(manifest, prepared, registry_config)
     result.schema_evolution = plan.as_dict()
-    return frame(plan.schema_id, b"")
+    return value_frame(prepared, plan.schema_id)
+
+
+def value_frame(prepared: PreparedSchema, schema_id: int) -> bytes:
+    """The Confluent frame of each value: magic byte, schema id (protobuf: its message indexes)."""
+    indexes = list(prepared.message_indexes or [0]) if prepared.fmt == "protobuf" else None
+    return frame(schema_id, b"", indexes)

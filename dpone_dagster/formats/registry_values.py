@@ -15,31 +15,40 @@ import pyarrow as pa
 from pyspark.sql.types import ArrayType, BooleanType, DataType, DoubleType, LongType, StringType, StructType
 
 from dpone_dagster.formats.avro_arrow import Unsupported, encode_records
-from dpone_dagster.schema.wire_format import HEADER_SIZE
+from dpone_dagster.schema.wire_format import frame
 from dpone_dagster.sinks import json_encode
 
-FORMATS = ("avro", "json_schema")
+FORMATS = ("avro", "json_schema", "protobuf")
 
 
 class Unencodable(Exception):
     """A value the registered schema cannot take (an enum symbol it lacks, a null it forbids)."""
 
 
-def encode_values(fmt: str, columns: list[pa.Array], names: list[str], schema_str: str) -> pa.Array:
-    """Each row of `columns` (named `names`) as the unframed `fmt` bytes of `schema_str`."""
+def encode_values(
+    fmt: str,
+    columns: list[pa.Array],
+    names: list[str],
+    schema_str: str,
+    message_indexes: tuple[int, ...] | None = None,
+    references: tuple[tuple[str, str], ...] = (),
+) -> pa.Array:
+    """Each row of `columns` (named `names`) as the unframed `fmt` bytes of `schema_str` (protobuf:
+    the message `message_indexes` of that file, which imports `references`)."""
     rows = len(columns[0]) if columns else 0
     try:
         if fmt == "avro":
             return encode_records(dict(zip(names, columns, strict=True)), _parsed(schema_str), rows)
-        if _json_columns_match(columns, names, _json_schema_struct(schema_str)):
+        if fmt == "json_schema" and _json_columns_match(columns, names, _json_schema_struct(schema_str)):
             return json_encode.encode_object(columns, names, json_encode.PYTHON).cast(pa.binary())
     except (Unsupported, json_encode.Unencodable):
         pass
-    encoder = _row_encoder(fmt, schema_str)
+    encoder = _row_encoder(fmt, schema_str, message_indexes, references)
+    head = len(frame(0, b"", list(message_indexes or [0]) if fmt == "protobuf" else None))
     out = []
     for row in pa.Table.from_arrays(columns, names=names).to_pylist():
         try:
-            out.append(encoder.encode(row)[HEADER_SIZE:])
+            out.append(encoder.encode(row)[head:])
         except Exception as exc:  # noqa: BLE001 - the run's path decides what a bad value means
             raise Unencodable(f"a value the registered {fmt} schema cannot take: {exc}") from exc
     return pa.array(out, pa.binary())
@@ -85,7 +94,7 @@ def _json_schema_struct(schema_str: str) -> StructType:
 
 
 @lru_cache(maxsize=8)
-def _row_encoder(fmt: str, schema_str: str) -> Any:
+def _row_encoder(fmt: str, schema_str: str, message_indexes: tuple[int, ...] | None, references: tuple[tuple[str, str], ...]) -> Any:
     from dpone_dagster.spark.registry_codec import RecordEncoder
 
-    return RecordEncoder(fmt, 0, schema_str)  # the id is in the frame, added later
+    return RecordEncoder(fmt, 0, schema_str, message_indexes, references)  # the id is in the frame, added later

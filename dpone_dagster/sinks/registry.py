@@ -89,12 +89,15 @@ class PreparedSchema:
     subject: str
     schema_str: str
     evolution: EvolutionPlan | None
-    result: StructType  # the schema's fields as Spark types (what the key subject derives from)
+    result: StructType | None  # the schema's fields as Spark types (what the key subject derives from)
+    message_indexes: tuple[int, ...] | None = None  # protobuf: the message within its file
+    references: tuple[tuple[str, str], ...] = ()  # protobuf: the files it imports (name, schema)
 
 
 def prepare_registry_schema(manifest: Manifest, source_schema: StructType, registry_config: dict[str, Any]) -> PreparedSchema:
-    """The evolved value schema of an Avro or JSON Schema sink, refused when breaking; reads the
-    registry, writes nothing (register it with `register_prepared`)."""
+    """The evolved value schema of an Avro or JSON Schema sink, refused when breaking, or a protobuf
+    sink's generated message; reads the registry, writes nothing (register it with
+    `register_prepared`)."""
     with registry_errors(registry_config):
         return _prepare(manifest, source_schema, registry_client(registry_config))
 
@@ -107,15 +110,21 @@ def register_prepared(manifest: Manifest, prepared: PreparedSchema, registry_con
 
 def _plan_registry_write(manifest: Manifest, source_schema: StructType, registry_config: dict[str, Any]) -> RegistryWritePlan:
     client = registry_client(registry_config)
-    if manifest.sink.options.message_format == "protobuf":
-        return _protobuf_plan(manifest, client)
     return _register(manifest, _prepare(manifest, source_schema, client), client)
 
 
 def _register(manifest: Manifest, prepared: PreparedSchema, client: Any) -> RegistryWritePlan:
     auto = manifest.sink.options.schema_registry.auto_register_schemas
+    if prepared.fmt == "protobuf":  # the imported files first, then the message's file
+        message_class = protobuf.load_message_class(manifest.sink.options.schema_registry.protobuf_message or "")
+        refs = ensure_references(client, protobuf.dependency_files(message_class), auto)
+        references = [refs[name] for name in protobuf.direct_imports(message_class) if name in refs]
+        schema_id = ensure_registered(client, prepared.subject, prepared.schema_str, "PROTOBUF", auto, references)
+        return RegistryWritePlan(
+            "protobuf", prepared.subject, schema_id, prepared.schema_str, None, prepared.message_indexes, prepared.references
+        )
     schema_id = ensure_registered(client, prepared.subject, prepared.schema_str, schema_type_of(prepared.fmt), auto)
-    key = _key_encoding(manifest, client, prepared.result)
+    key = _key_encoding(manifest, client, prepared.result) if prepared.result is not None else None
     return RegistryWritePlan(prepared.fmt, prepared.subject, schema_id, prepared.schema_str, prepared.evolution, key=key)
 
 
@@ -123,6 +132,8 @@ def _prepare(manifest: Manifest, source_schema: StructType, client: Any) -> Prep
     sink: KafkaSink = manifest.sink
     options = sink.options.schema_registry
     fmt = sink.options.message_format
+    if fmt == "protobuf":
+        return _prepare_protobuf(manifest)
     name, namespace = record_name(manifest)
     fullname = f"{namespace}.{name}"
     subject = subject_name(options.subject_name_strategy, sink.topic, fullname)
@@ -164,7 +175,8 @@ def _issue(text: str) -> tuple[str, str]:
     return path, f"the registered Avro schema cannot take this change: {why}"
 
 
-def _protobuf_plan(manifest: Manifest, client: Any) -> RegistryWritePlan:
+def _prepare_protobuf(manifest: Manifest) -> PreparedSchema:
+    """The generated message class a protobuf sink writes with (no evolution: the class is the schema)."""
     from dpone_dagster.errors import ConfigError
 
     sink = manifest.sink
@@ -175,15 +187,10 @@ def _protobuf_plan(manifest: Manifest, client: Any) -> RegistryWritePlan:
             "message class, e.g. protobuf_message: 'mypkg.orders_pb2:Order' (importable on the driver)"
         )
     message_class = protobuf.load_message_class(options.protobuf_message)
-    descriptor_name = message_class.DESCRIPTOR.full_name
-    subject = subject_name(options.subject_name_strategy, sink.topic, descriptor_name)
-    refs = ensure_references(client, protobuf.dependency_files(message_class), options.auto_register_schemas)
-    references = [refs[name] for name in protobuf.direct_imports(message_class) if name in refs]
-    schema_str = protobuf.schema_string(message_class)
-    schema_id = ensure_registered(client, subject, schema_str, "PROTOBUF", options.auto_register_schemas, references)
+    subject = subject_name(options.subject_name_strategy, sink.topic, message_class.DESCRIPTOR.full_name)
     files = tuple((f.name, f.schema_str) for f in protobuf.dependency_files(message_class))
-    return RegistryWritePlan(
-        "protobuf", subject, schema_id, schema_str, None, tuple(protobuf.message_indexes(message_class)), files
+    return PreparedSchema(
+        "protobuf", subject, protobuf.schema_string(message_class), None, None, tuple(protobuf.message_indexes(message_class)), files
     )
 
 
