@@ -68,6 +68,7 @@ ROUTES: dict[str, tuple[str, str]] = {  # route -> (strategy, sink options)
     "json_envelope_headers": (APPEND, "{envelope: dpone, headers: {static: {team: dwh}, lineage: true}}"),
     "avro": (APPEND, "{message_format: avro, schema_registry: {enabled: true}}"),
     "json_schema": (APPEND, "{message_format: json_schema, schema_registry: {enabled: true}}"),
+    "protobuf": (APPEND, "{message_format: protobuf, schema_registry: {enabled: true, protobuf_message: 'bench.orders_pb2:Order'}}"),
 }
 
 
@@ -96,7 +97,13 @@ def hand_encoder(route: str, src: str, dst: str, registry_url: str) -> Encode:
             writer(out, parsed, event)
             return out.getvalue(), str(event["order_id"]).encode(), None
         return avro
-    return lambda raw: (schema_id + dumps(event := loads(raw)).encode(), str(event["order_id"]).encode(), None)
+    if route == "protobuf":
+        from bench.orders_pb2 import Order
+
+        head = schema_id + b"\x00"  # message indexes [0]: the file's first message
+        return lambda raw: (head + Order(**(event := loads(raw))).SerializeToString(), str(event["order_id"]).encode(), None)
+    compact = (",", ":")  # as the engine writes JSON Schema values
+    return lambda raw: (schema_id + dumps(event := loads(raw), separators=compact).encode(), str(event["order_id"]).encode(), None)
 
 
 def _registered(route: str, dst: str, registry_url: str) -> tuple[bytes, Any]:
@@ -115,6 +122,12 @@ def _registered(route: str, dst: str, registry_url: str) -> tuple[bytes, Any]:
     if route == "avro":
         schema: Any = avro.spark_to_avro(struct, "orders", "hand")
         kind = "AVRO"
+    elif route == "protobuf":
+        from bench.orders_pb2 import Order
+        from dpone_dagster.schema.protobuf import schema_string
+
+        schema_id = client.register_schema(f"{dst}-value", Schema(schema_string(Order), "PROTOBUF"))
+        return b"\x00" + schema_id.to_bytes(4, "big"), None
     else:
         schema = json_schema.spark_to_json_schema(struct, "hand.orders")
         kind = "JSON"
@@ -174,7 +187,9 @@ def engine_run(spark: Any, route: str, bootstrap: str, src: str, dst: str, regis
         return result, time.perf_counter() - started
 
 
-def run_routes(bootstrap: str, messages: int, partitions: int, routes: list[str], log: Callable[[str], None]) -> dict[str, Any]:
+def run_routes(
+    bootstrap: str, messages: int, partitions: int, routes: list[str], log: Callable[[str], None], spark: Any = None
+) -> dict[str, Any]:
     sampler = TreeSampler(interval_s=0.5)
     sampler.start()
     src = f"bench_routes_{uuid.uuid4().hex[:8]}"
@@ -182,7 +197,6 @@ def run_routes(bootstrap: str, messages: int, partitions: int, routes: list[str]
     log(f"generating {messages} events into {src}")
     generate_events(bootstrap, src, messages, partitions)
     report: dict[str, Any] = {"bench": "routes", "messages": messages, "partitions": partitions, "machine": machine_info(), "routes": {}}
-    spark = None
     for route in routes:
         registry_url = f"mock://bench-{uuid.uuid4().hex[:8]}"
         hand_dst, engine_dst = f"bench_{route}_h_{uuid.uuid4().hex[:6]}", f"bench_{route}_e_{uuid.uuid4().hex[:6]}"
@@ -203,7 +217,8 @@ def run_routes(bootstrap: str, messages: int, partitions: int, routes: list[str]
             "messages": result.messages_produced, "seconds": round(seconds, 2), "path": result.execution_path,
             "in_topic": topic_count(bootstrap, engine_dst), "stage_seconds": result.timings, "cpu": _cpu(peaks),
         }
-        report["routes"][route] = {"hand": hand, "engine": engine, **ratios(hand, engine)}
+        topics = {"hand": hand_dst, "engine": engine_dst}
+        report["routes"][route] = {"hand": hand, "engine": engine, "topics": topics, **ratios(hand, engine)}
     sampler.stop()
     return report
 
