@@ -12,15 +12,15 @@ from pyspark.sql import SparkSession
 from dpone_dagster.engine.clients import RunClients
 from dpone_dagster.engine.request import RunRequest
 from dpone_dagster.engine.results import RunResult
-from dpone_dagster.engine.stages.commit import finish_checks_only, run_record
+from dpone_dagster.engine.stages.commit import Output, StateMove, commit_run, finish_checks_only
 from dpone_dagster.engine.stages.gates import pre_publish_gates
 from dpone_dagster.engine.stages.timing import Log, stage
-from dpone_dagster.errors import ConfigError, RunFailed
+from dpone_dagster.errors import ConfigError
 from dpone_dagster.manifest.models import KafkaSource, Manifest
-from dpone_dagster.quality.target import count_records, end_offsets, offset_advance
+from dpone_dagster.quality.target import KafkaTargets
 from dpone_dagster.sources.kafka import KafkaBatchSource
 from dpone_dagster.spark.session import is_connect
-from dpone_dagster.state.base import RunRecord, StateStore, utcnow
+from dpone_dagster.state.base import RunRecord, StateStore
 
 
 def replicate(
@@ -50,7 +50,6 @@ def replicate(
         (clients.registry(manifest.source), clients.registry(manifest.sink)) if mapping else (None, None)
     )
     plan = None
-    target_before: dict[str, dict[int, int]] | None = None
     if manifest.quality.checks:
         with stage(result, "quality_pre", log):
             # Gates read the planned ranges before any transaction begins; the replication copies
@@ -60,14 +59,18 @@ def replicate(
     if not request.publish:
         finish_checks_only(store, record, result, log)
         return
+    targets, target_before = None, None
     if plan is not None and any(c.type == "source_target_count" for c in manifest.quality.checks):
-        target_before = _target_ends(target_config, plan.targets.values(), set(plan.target_partitions))
+        # Committed end offsets (read_committed); a topic the run creates starts empty.
+        targets = KafkaTargets(target_config, list(plan.targets.values()), transactional=True)
+        target_before = targets.ends_of(set(targets.topics) & set(plan.target_partitions))
     planned_rows = result.rows_extracted
     with stage(result, "replicate", log):
         replicated = run_replication(
             manifest, spark, source_config, target_config, result.run_id, log, None, *registries, plan=plan
         )
-    result.rows_extracted = result.messages_produced = replicated.records
+    result.rows_extracted = replicated.records
+    result.messages_produced = replicated.records
     result.bytes_produced = replicated.bytes
     result.notes.extend(replicated.notes)
     result.executors = sorted({p.executor for p in replicated.partitions if p.executor})
@@ -79,68 +82,16 @@ def replicate(
         "partitions": replicated.committed_ranges,
     }
     offsets = replicated.committed_offsets
-    if len(offsets) == 1:
-        result.committed_offsets = dict(next(iter(offsets.values())))
-    if target_before is not None:
-        with stage(result, "quality_post", log):
-            _replication_reconciliation(
-                manifest, target_config, target_before, planned_rows, replicated.records, result
-            )
-    with stage(result, "commit", log):
+    committed = dict(next(iter(offsets.values()))) if len(offsets) == 1 else {}
+
+    def run_row(success: RunRecord) -> dict[int, int]:
         # The offsets were committed with the records; only the run row is written here.
-        result.status = "success"
-        result.finished_at = utcnow().isoformat()
-        store.finish_run_success(run_record(record, result, "success"), None, None, None)
+        store.finish_run_success(success, None, None, None)
+        return committed
 
-
-def _target_ends(config: dict, topics: Any, existing: set[str]) -> dict[str, dict[int, int]]:
-    """Committed end offsets (read_committed) of each target topic; a topic the run will create
-    starts empty."""
-    return {
-        t: end_offsets(config, t, transactional=True) if t in existing else {} for t in sorted(set(topics))
-    }
-
-
-def _replication_reconciliation(
-    manifest: Manifest,
-    config: dict,
-    before: dict[str, dict[int, int]],
-    planned_rows: int,
-    copied: int,
-    result: RunResult,
-) -> None:
-    """source_target_count of a replication: the rows the gates read from the planned ranges
-    against what the target topics committed (read_committed). The records were committed with
-    their offsets, so a failure cannot hold the state back: it fails the run to raise the alarm."""
-    from dpone_dagster.quality.gates import failed_gates, run_post_publish
-
-    checks = manifest.quality.checks
-    exclusive = any(c.type == "source_target_count" and c.exclusive_target for c in checks)
-    advance: dict[Any, int] = {}
-    held = 0
-    for topic, start in before.items():
-        after = end_offsets(config, topic, transactional=True)
-        # Each committed transaction leaves a marker offset: the advance exceeds the records.
-        advance.update({(topic, p): n for p, n in offset_advance(start, after).items()})
-        if exclusive:
-            held += count_records(config, topic, start, after, transactional=True)
-    gates = run_post_publish(
-        checks,
-        manifest.quality.mode,
-        planned_rows,
-        planned_rows,
-        copied,
-        advance,
-        held if exclusive else None,
-    )
-    result.gates.extend(g.as_dict() for g in gates)
-    blocking = failed_gates(gates)
-    if blocking:
-        raise RunFailed(
-            "reconciliation failed after the replication committed (records and source offsets are "
-            "committed together, so the next run starts after them; inspect the target): "
-            + "; ".join(f"{g.name}: {g.description}" for g in blocking)
-        )
+    # Steps 1 and 4's offsets happened in the transactions; step 2 runs when a check reads the target.
+    output = Output(planned_rows, planned_rows, replicated.records, targets, target_before, True) if targets else None
+    commit_run(manifest, output, StateMove(run_row), record, result, log)
 
 
 def _replication_gates(

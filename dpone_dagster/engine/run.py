@@ -25,17 +25,17 @@ from dpone_dagster.engine.request import RunRequest
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.bad_records import screen_undecodable
 from dpone_dagster.engine.stages.boundary import PlannedRead, plan_read
-from dpone_dagster.engine.stages.commit import commit, finish_checks_only, run_record
+from dpone_dagster.engine.stages.commit import Output, commit_run, finish_checks_only, run_record
 from dpone_dagster.engine.stages.extract import extract, writes_registry_format
 from dpone_dagster.engine.stages.gates import pre_publish_gates
 from dpone_dagster.engine.stages.load import Delivered, load, prepare_sink, publish_dead_letters
-from dpone_dagster.engine.stages.reconcile import reconcile
 from dpone_dagster.engine.stages.shape import shape_messages
 from dpone_dagster.engine.stages.timing import KeptFrames, Log, stage
 from dpone_dagster.errors import DponeError, RunFailed
 from dpone_dagster.kafka.config import check_producer_settings
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.quality.selection import select_checks
+from dpone_dagster.quality.target import KafkaTargets
 from dpone_dagster.redact import redact_text
 from dpone_dagster.sinks.dead_letters import DeadLetters
 from dpone_dagster.state.base import RunRecord, StateStore, utcnow
@@ -85,8 +85,9 @@ def _run(
     record: RunRecord,
     result: RunResult,
 ) -> None:
-    """plan → extract → bad records → gates → shape → load → reconcile → commit (on the direct
-    path, extract to load run in the Spark tasks: engine/direct.py)."""
+    """plan → extract → bad records → gates → shape → load → commit (deliveries, post-publish
+    checks, state: engine/stages/commit.py); on the direct path, extract to load run in the Spark
+    tasks (engine/direct.py)."""
     log, clients = request.log, request.clients()
     sink_config = clients.kafka(manifest.sink)
     check_producer_settings(manifest, sink_config)  # the connection's and resource's overrides too
@@ -101,13 +102,13 @@ def _run(
     delivered = direct.copy(manifest, spark, planned, result, sink_config, log, registry) if request.publish else None
     if delivered is None:
         delivered = _through_spark_sql(manifest, spark, request, planned, result, sink_config, log)
-    if delivered is not None:
-        with stage(result, "quality_post", log):
-            reconcile(manifest, delivered.stats, delivered.expected, sink_config, target_before, result)
     if not request.publish:
         return finish_checks_only(store, record, result, log)
-    with stage(result, "commit", log):
-        commit(planned, record, result, log)
+    output = None
+    if delivered is not None:
+        target = KafkaTargets(sink_config, [manifest.sink.topic]) if target_before is not None else None
+        output = Output(result.rows_extracted, delivered.expected, delivered.stats.delivered, target, target_before)
+    commit_run(manifest, output, planned.state, record, result, log)
 
 
 def _through_spark_sql(

@@ -10,7 +10,7 @@ transaction markers are not counted.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, TopicPartition
@@ -36,7 +36,7 @@ def end_offsets(client_config: dict[str, Any], topic: str, transactional: bool =
         consumer.close()
 
 
-def offset_advance(before: Mapping[int, int], after: Mapping[int, int]) -> dict[int, int]:
+def offset_advance(before: Mapping[Any, int], after: Mapping[Any, int]) -> dict[Any, int]:
     """Per partition, how many offsets the target advanced between two readings (pure)."""
     return {p: after[p] - before.get(p, 0) for p in sorted(after) if after[p] > before.get(p, 0)}
 
@@ -83,3 +83,33 @@ def count_records(
     finally:
         consumer.close()
     return count
+
+
+class KafkaTargets:
+    """The run's target topics as the post-publish checks read them (engine/stages/commit.py):
+    partitions are named (topic, partition) across the topics."""
+
+    def __init__(self, client_config: dict[str, Any], topics: Sequence[str], transactional: bool = False):
+        self.client_config = client_config
+        self.topics = tuple(sorted(set(topics)))
+        self.transactional = transactional
+
+    def ends(self) -> dict[Any, int]:
+        return self.ends_of(self.topics)
+
+    def ends_of(self, topics: Iterable[str]) -> dict[Any, int]:
+        """End offsets of `topics` (a subset: a topic the run creates starts empty)."""
+        return {
+            (topic, p): end
+            for topic in sorted(topics)
+            for p, end in end_offsets(self.client_config, topic, self.transactional).items()
+        }
+
+    def held(self, before: Mapping[Any, int], after: Mapping[Any, int]) -> int:
+        def of(topic: str, ends: Mapping[Any, int]) -> dict[int, int]:
+            return {p: end for (t, p), end in ends.items() if t == topic}
+
+        return sum(
+            count_records(self.client_config, topic, of(topic, before), of(topic, after), self.transactional)
+            for topic in self.topics
+        )

@@ -38,7 +38,7 @@ from confluent_kafka import (
 )
 
 from dpone_dagster.errors import RunFailed
-from dpone_dagster.kafka.config import driver_client_config
+from dpone_dagster.kafka.config import driver_client_config, range_reader_config
 from dpone_dagster.kafka.errors import classify_kafka
 from dpone_dagster.replication.control_topic import (
     READ_MARGIN_S,
@@ -338,24 +338,8 @@ def record_kwargs(spec: ReplicationSpec, message: Any) -> dict[str, Any]:
 
 
 def _consumer_config(spec: ReplicationSpec) -> dict[str, Any]:
-    return driver_client_config({
-        **spec.source_config,
-        "group.id": f"dpone-replication-{spec.pipeline}",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "enable.partition.eof": True,
-        "allow.auto.create.topics": False,
-        # The range was planned inside the log; an out-of-range start is an error, never a jump.
-        "auto.offset.reset": "error",
-        # Only committed source records are replicated.
-        "isolation.level": "read_committed",
-        "fetch.max.bytes": 52_428_800,
-        "max.partition.fetch.bytes": 10_485_760,
-        # The prefetch queue is bounded in bytes, not only in records (100,000 by default): large
-        # records would otherwise make a task's memory grow with the record size.
-        "queued.max.messages.kbytes": QUEUE_KBYTES,
-        **spec.consumer_overrides,
-    })
+    group = f"dpone-replication-{spec.pipeline}"
+    return driver_client_config(range_reader_config(spec.source_config, group, QUEUE_KBYTES, spec.consumer_overrides))
 
 
 def read_batches(consumer: Consumer, spec: ReplicationSpec, start: int, end: int) -> Iterator[list[Any]]:

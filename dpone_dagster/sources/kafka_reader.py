@@ -29,6 +29,7 @@ from pyspark.sql.types import (
 
 from dpone_dagster import columns as C
 from dpone_dagster.kafka.boundary import ReadTask, pack_tasks
+from dpone_dagster.kafka.config import range_reader_config
 from dpone_dagster.spark import arrow_json
 from dpone_dagster.spark.slots import local_task_slots
 
@@ -151,26 +152,7 @@ def _emptied(values: pa.Array) -> pa.Array:
 
 
 def _consumer_config(settings: ReaderSettings) -> dict[str, Any]:
-    return {
-        **settings.client_config,
-        "group.id": settings.group_id,
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "enable.partition.eof": True,
-        "allow.auto.create.topics": False,
-        # Offsets were planned from the log's current range; an out-of-range start is an error,
-        # never a silent jump.
-        "auto.offset.reset": "error",
-        "isolation.level": "read_committed",
-        "fetch.max.bytes": 52_428_800,
-        "max.partition.fetch.bytes": 10_485_760,
-        "queued.max.messages.kbytes": 262_144,
-        # librdkafka pauses fetching for fetch.queue.backoff.ms (1 s by default) whenever its queue
-        # holds queued.min.messages; a task that builds Arrow batches between consume() calls
-        # keeps it that full, and then waited ~0.8 s per task on an idle queue (measured).
-        "fetch.queue.backoff.ms": 10,
-        **dict(settings.consumer_overrides),
-    }
+    return range_reader_config(settings.client_config, settings.group_id, 262_144, dict(settings.consumer_overrides))
 
 
 def read_one_range(settings: ReaderSettings, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:

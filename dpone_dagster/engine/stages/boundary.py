@@ -14,6 +14,7 @@ from dpone_dagster.engine.clients import RunClients
 from dpone_dagster.engine.offsets import OffsetStorage
 from dpone_dagster.engine.request import RunRequest
 from dpone_dagster.engine.results import RunResult
+from dpone_dagster.engine.stages.commit import StateMove
 from dpone_dagster.kafka.windows import record_of
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.sources.kafka import KafkaBatchSource
@@ -29,7 +30,7 @@ class PlannedRead:
     name: str  # what is read, for progress messages
     label: str  # the source, for error messages
     incremental: bool  # an empty batch means "no new data" (not a short batch)
-    commit: Callable[[RunRecord], dict[int, int]]
+    state: StateMove  # how the state advances once the sink succeeded (engine/stages/commit.py)
     # Stores the offsets of partitions delivered so far while the run goes on (Kafka offsets read
     # by a cursor); None where the state moves only with the whole batch.
     checkpoint: Callable[[dict[int, int]], None] | None = None
@@ -79,11 +80,8 @@ def _plan_kafka(
         else None
     )
 
-    def commit(success: RunRecord) -> dict[int, int]:
-        windows = None
-        if screen is not None:
-            screen.send_dead_letters()  # with the run's output: after the gates and the sink, before the state
-            windows = record_of(boundary.windows, success.run_id)
+    def store_offsets(success: RunRecord) -> dict[int, int]:
+        windows = record_of(boundary.windows, success.run_id) if screen is not None else None
         offsets.commit(success, boundary.end_offsets if advance else None, windows)
         result.lag_after = boundary.lag_before - boundary.total if advance else None
         return boundary.end_offsets if advance else {}
@@ -94,7 +92,8 @@ def _plan_kafka(
     )
     summary = f"{boundary.total} offsets in {len(boundary.ranges)} partition(s) of '{boundary.topic}'"
     checkpoint = (lambda delivered: offsets.advance(record, delivered)) if advance and screen is None else None
-    return PlannedRead(screen or source, boundary, summary, f"'{boundary.topic}'", incremental, commit, checkpoint)
+    state = StateMove(store_offsets, screen.send_dead_letters if screen is not None else None, incremental)
+    return PlannedRead(screen or source, boundary, summary, f"'{boundary.topic}'", incremental, state, checkpoint)
 
 
 def _plan_sql(manifest: Manifest, spark: SparkSession, store: StateStore) -> PlannedRead:
@@ -104,12 +103,11 @@ def _plan_sql(manifest: Manifest, spark: SparkSession, store: StateStore) -> Pla
     source = SqlBatchSource(manifest, resolve_jdbc(manifest.source))
     boundary = source.plan(spark, store.load_watermark(manifest.name))
 
-    def commit(success: RunRecord) -> dict[int, int]:
+    def store_watermark(success: RunRecord) -> dict[int, int]:
         # The watermark moves in the same commit that marks the run successful.
         store.finish_run_success(success, None, None, None, watermark=boundary.new_watermark)
         return {}
 
     summary = f"{boundary.method} read of {boundary.table} ({boundary.total if boundary.total is not None else '?'} rows)"
-    return PlannedRead(
-        source, boundary, summary, boundary.table, boundary.method in ("incremental", "cdc"), commit
-    )
+    incremental = boundary.method in ("incremental", "cdc")
+    return PlannedRead(source, boundary, summary, boundary.table, incremental, StateMove(store_watermark, None, incremental))

@@ -4,6 +4,7 @@ messages from Spark tasks (sinks: the Kafka producer), each delivery report chec
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql import DataFrame
 
@@ -15,18 +16,18 @@ from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.kafka.delivery import DeliveryStats
 from dpone_dagster.kafka.errors import classify_text
 from dpone_dagster.manifest.models import Manifest
-from dpone_dagster.quality.target import end_offsets
+from dpone_dagster.quality.target import KafkaTargets
 from dpone_dagster.sinks import kafka_messages
 from dpone_dagster.sinks.dead_letters import DeadLetters
 from dpone_dagster.sinks.kafka import ProducerSettings, produce
 
 
-def prepare_sink(manifest: Manifest, sink_config: dict) -> dict[int, int] | None:
+def prepare_sink(manifest: Manifest, sink_config: dict) -> dict[Any, int] | None:
     """Check (or create) the sink topic; when a check reconciles against the target, where its
     partitions end before this run writes."""
     ensure_sink_topic(sink_config, manifest.sink.topic, manifest.sink.options.create_topic)
     reconciles = any(c.type == "source_target_count" for c in manifest.quality.checks)
-    return end_offsets(sink_config, manifest.sink.topic) if reconciles else None
+    return KafkaTargets(sink_config, [manifest.sink.topic]).ends() if reconciles else None
 
 
 def publish_dead_letters(letters: DeadLetters | None, result: RunResult, log: Log) -> None:
