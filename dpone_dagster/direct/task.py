@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +24,7 @@ import pyarrow.ipc as ipc
 
 from dpone_dagster.direct.keys import TaskHashes, key_hashes
 from dpone_dagster.direct.progress import Slice
-from dpone_dagster.formats import registry_values
+from dpone_dagster.formats import registry_source, registry_values
 from dpone_dagster.shape import envelope, keys
 from dpone_dagster.shape import headers as message_headers
 from dpone_dagster.shape.headers import HeaderSpec
@@ -31,6 +32,9 @@ from dpone_dagster.sinks import json_encode
 from dpone_dagster.sinks.kafka import ProducerSettings, produce_batches
 from dpone_dagster.sources.kafka_reader import ReaderSettings, read_one_range
 from dpone_dagster.spark import arrow_json
+
+if TYPE_CHECKING:
+    from dpone_dagster.sources.kafka import RegistryPlan
 
 # One partition's offsets of a time window: window index, partition, start, end (exclusive), and
 # the window's start in epoch milliseconds.
@@ -71,6 +75,8 @@ class DirectSettings:
     # key.mode unique_key: a delete whose key columns give no key takes the source record's key
     # (also when the sink names no unique_key columns, as the Spark SQL path does).
     source_key_for_deletes: bool = False
+    # A registry-framed source: the subject's schemas the values are decoded with (None: JSON).
+    registry_source: RegistryPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,7 @@ class ScanReport:
     hashes: TaskHashes | None = None  # of the keys, when the driver needs them
     late: dict[int, int] = field(default_factory=dict)  # late records per window index
     deletes: int = 0  # deletes in the slices (left out of the messages when skipped)
+    schema_ids: frozenset[int] = frozenset()  # a registry source: the schema ids its values carry
 
 
 class Refused(Exception):
@@ -155,6 +162,11 @@ def _decoded(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBa
         if pc.any(pc.and_(pc.invert(tombstone), pc.or_(op.is_null(), pc.and_(pc.invert(has_data), pc.invert(is_delete))))).as_py():
             raise Refused("an envelope without its op, or an upsert without its data")
         return raw, columns, is_delete
+    if settings.registry_source is not None:
+        try:
+            return raw, registry_source.decode_values(settings.registry_source, raw, settings.schema), tombstone
+        except registry_source.Undecodable as exc:
+            raise Refused(f"a value the registry decoder leaves to Spark ({exc})") from exc
     columns = arrow_json.decode_values(values, settings.schema)
     if columns is None:
         raise Refused("a value the task decoder leaves to Spark (corrupt, another type, or a field beyond the schema)")
@@ -165,12 +177,15 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
     """Read, decode and shape `slices`, keeping the messages in this executor's spill files."""
     rows = size = deletes = 0
     hashes: list[np.ndarray] = []
+    ids: set[int] = set()
     late: dict[int, int] = {}
     sweep_stale_spills(settings)
     try:
         for piece in slices:
             with _SpillWriter(spill_path(settings, piece)) as spill:
                 for raw in read_one_range(settings.reader, *piece):
+                    if settings.registry_source is not None:
+                        ids |= registry_source.schema_ids(raw.column("value"))
                     messages, found = shape(settings, raw)
                     deletes += found
                     if settings.windows:
@@ -192,7 +207,7 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                     size += int(pc.sum(lengths).as_py() or 0)
     except Refused as exc:
         return ScanReport(rows, size, str(exc))
-    return ScanReport(rows, size, None, TaskHashes.of(hashes) if settings.hashed else None, late, deletes)
+    return ScanReport(rows, size, None, TaskHashes.of(hashes) if settings.hashed else None, late, deletes, frozenset(ids))
 
 
 def late_counts(windows: tuple[WindowRange, ...], partition: int, offsets: np.ndarray, stamps: np.ndarray) -> dict[int, int]:

@@ -83,8 +83,6 @@ def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
         return "the source is not a Kafka topic"
     if not isinstance(sink, KafkaSink) or sink.type != "kafka":
         return "the sink is not Kafka"
-    if source.options.message_format != "json":
-        return "a Schema Registry source format"
     format_reason = direct_registry.refusal(manifest)
     if format_reason is not None:
         return format_reason
@@ -116,7 +114,7 @@ def copy(
     """Run the batch on the direct path, with the stages of the Spark SQL path (extract, gates,
     shape, load); None when it must take the Spark SQL path (nothing was produced then; what this
     path measured and judged is taken back, the reason is noted). `registry_config`: the sink's
-    Schema Registry, for an Avro sink."""
+    Schema Registry, for an Avro, JSON Schema or protobuf sink."""
     reason = refusal(manifest, planned)
     prepared = None
     if reason is None:
@@ -141,6 +139,7 @@ def copy(
             refused = next((r.refused for r in reports if r.refused), None)
             if refused is not None:
                 raise _ToSparkSql(refused)
+            source_notes = _decoded_as_planned(planned, settings, reports)
             if isinstance(planned.source, LateRecordScreen):  # the policy fails the run here, before producing
                 late = {w["start"]: sum(r.late.get(i, 0) for r in reports) for i, w in enumerate(boundary.windows)}
                 judge_late_records(planned.source.policy, late, result, log)
@@ -168,7 +167,7 @@ def copy(
     except BaseException:
         _remove_spills(spark, jobs, settings, groups)
         raise
-    result.notes.extend(planned.source.json_plan(boundary).notes)
+    result.notes.extend(source_notes)
     result.duplicates_removed = removed - result.deletes_skipped
     result.execution_path = "direct"
     producer = producer_settings(manifest, sink_config)
@@ -184,6 +183,23 @@ def copy(
         _remove_spills(spark, jobs, settings, groups)
         raise
     return Delivered(stats, rows - removed)
+
+
+def _decoded_as_planned(planned: PlannedRead, settings: task.DirectSettings, reports: list[task.ScanReport]) -> list[str]:
+    """The source's notes, as the Spark SQL path gives them. A registry source was decoded with
+    every version of its subject; the Spark SQL path merges only the versions the batch carries,
+    so a batch whose versions merge into another payload schema goes there (_ToSparkSql)."""
+    source = _batch_source(planned)
+    assert source is not None
+    registry = settings.registry_source
+    if registry is None:
+        return list(source.json_plan(planned.boundary).notes)
+    seen = set().union(*(r.schema_ids for r in reports))
+    carried = {i: registry.schemas[i] for i in seen if i in registry.schemas}
+    references = {i: r for i, r in (registry.references or {}).items() if i in seen} if registry.references is not None else None
+    if source.registry_schema(registry.fmt, carried, references) != registry.schema:
+        raise _ToSparkSql(f"the batch's schema versions {sorted(seen)} merge into another payload schema than the subject's")
+    return [f"{registry.fmt}: schema id(s) {sorted(carried)} from the registry"]
 
 
 def _remove_spills(spark: SparkSession, jobs: BoundedJobs, settings: task.DirectSettings, groups: list[list[task.Slice]]) -> None:
@@ -202,10 +218,18 @@ def _settings(
     the direct path cannot decode or encode it."""
     source = _batch_source(planned)
     assert source is not None  # refusal() checked it
-    plan = source.json_plan(planned.boundary)
-    if plan.envelope not in ("flat", "dpone"):
-        return None, None, f"source envelope {plan.envelope}"
-    schema = arrow_json.arrow_schema(plan.schema)
+    registry = None
+    if source.options.message_format == "json":
+        plan = source.json_plan(planned.boundary)
+        if plan.envelope not in ("flat", "dpone"):
+            return None, None, f"source envelope {plan.envelope}"
+        payload, source_envelope = plan.schema, plan.envelope
+    else:
+        registry = source.registry_plan()
+        if registry is None:
+            return None, None, f"a {source.options.message_format} source whose subject is not '<topic>-value' or has no version"
+        payload, source_envelope = registry.schema, "flat"
+    schema = arrow_json.arrow_schema(payload)
     if schema is None or not len(schema):
         return None, None, "a payload type the task decoder does not read"
     sink = manifest.sink
@@ -219,7 +243,7 @@ def _settings(
         if missing:
             return None, None, f"unique_key column(s) {missing} not in the batch"
         key_columns = tuple(names.index(c) for c in sink.strategy.unique_key_columns)
-    prepared, reason = direct_registry.prepare(manifest, plan.schema, registry_config)
+    prepared, reason = direct_registry.prepare(manifest, payload, registry_config)
     if reason is not None:
         return None, None, reason
     limit = int(producer_config(sink_config, sink.options.delivery).get("message.max.bytes", 1_000_000))
@@ -245,7 +269,8 @@ def _settings(
             ),
             hash_row=sink.options.key.mode == "hash_row",
             headers=HeaderSpec.of(sink.options.headers.static, sink.options.headers.lineage, sink.options.headers.replicate_source, source.topic),
-            source_envelope=plan.envelope,
+            source_envelope=source_envelope,
+            registry_source=registry,
             deletes=_delete_mode(manifest),
             source_key_for_deletes=sink.options.key.mode == "unique_key",
             delete_envelope=envelope_parts(C.DELETE, sink.strategy.mode, run_id, {"topic": source.topic}),

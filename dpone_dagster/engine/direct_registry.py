@@ -1,9 +1,10 @@
-"""The Schema Registry side of a direct-path run into an Avro or JSON Schema sink (engine/direct.py).
+"""The Schema Registry side of a direct-path run into an Avro, JSON Schema or protobuf sink
+(engine/direct.py).
 
 The value schema is planned from the subject before the scan — the registry is read, nothing is
 written — so that the tasks encode every value with it (unframed). It is registered only once
 every gate has passed, just before producing; the produce tasks then put the Confluent frame with
-its id in front of each value. A batch whose schema change routes values (on_type_change:
+its id (protobuf: and the message indexes) in front of each value. A batch whose schema change routes values (on_type_change:
 new_column), a registry-encoded key, or columns the schema cannot take go to the Spark SQL path.
 """
 
@@ -24,7 +25,7 @@ FORMATS = ("json", *registry_values.FORMATS)  # sink formats the direct path wri
 
 
 def refusal(manifest: Manifest) -> str | None:
-    """Why an Avro sink run cannot take the direct path, from the manifest alone (pure)."""
+    """Why a run cannot take the direct path for its sink's format, from the manifest alone (pure)."""
     options = manifest.sink.options
     if options.message_format not in FORMATS:
         return f"sink message_format {options.message_format}"
@@ -41,8 +42,6 @@ def prepare(manifest: Manifest, payload: StructType, registry_config: dict[str, 
     assert registry_config is not None
     # The decoded batch's fields are all nullable, as Spark's JSON decoder makes them.
     prepared = prepare_registry_schema(manifest, nullable_schema(payload), registry_config)
-    if fmt == "protobuf" and manifest.sink.options.key.format != "string":
-        return None, f"key.format {manifest.sink.options.key.format}"
     if prepared.evolution is not None and prepared.evolution.routes:
         return None, "a type change routed to new columns (on_type_change: new_column)"
     fields = set(writer_schema(fmt, prepared.schema_str, list(prepared.message_indexes or []) or None, prepared.references).names)

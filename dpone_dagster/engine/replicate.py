@@ -83,6 +83,7 @@ def replicate(
     }
     offsets = replicated.committed_offsets
     committed = dict(next(iter(offsets.values()))) if len(offsets) == 1 else {}
+    result.committed_offsets = committed  # committed with the records, whatever step 2 finds
 
     def run_row(success: RunRecord) -> dict[int, int]:
         # The offsets were committed with the records; only the run row is written here.

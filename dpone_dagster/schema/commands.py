@@ -101,7 +101,7 @@ def _registry_infer(source) -> tuple[dict[str, Any], StructType]:
     files: dict[str, str] = {}  # protobuf imports: executors and this view rebuild descriptors from them
     if fmt == "protobuf" and latest.schema.references:
         collect_references(client, latest.schema.references, files, "PROTOBUF")
-    schema = source._registry_schema(
+    schema = source.registry_schema(
         fmt,
         {latest.schema_id: (latest.schema.schema_type, latest.schema.schema_str)},
         {latest.schema_id: tuple(files.items())},

@@ -74,6 +74,17 @@ class JsonPlan:
     notes: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class RegistryPlan:
+    """What the direct path's tasks decode registry-framed values with (`KafkaBatchSource.registry_plan`):
+    every version of the topic's value subject, fetched on the driver."""
+
+    fmt: str
+    schemas: dict[int, tuple[str, str]]  # schema id -> (schema type, schema string)
+    references: dict[int, tuple[tuple[str, str], ...]] | None  # protobuf imports per id
+    schema: StructType  # the payload schema over every version (as the Spark SQL path merges them)
+
+
 def default_group_id(manifest: Manifest) -> str:
     source = manifest.source
     assert isinstance(source, KafkaSource)
@@ -312,7 +323,7 @@ class KafkaBatchSource:
         with registry_errors(self.registry_config):
             schemas = schemas_by_id(client, ids, message_format=fmt)
             references = references_by_id(client, ids) if fmt == "protobuf" else None
-        schema = self._registry_schema(fmt, schemas, references)
+        schema = self.registry_schema(fmt, schemas, references)
         notes = [f"{fmt}: schema id(s) {sorted(schemas)} from the registry"]
         unknown = sorted(set(ids) - set(schemas))
         if unknown:
@@ -320,7 +331,29 @@ class KafkaBatchSource:
         df = decode_registry(raw, fmt, schemas, schema, references)
         return ExtractResult(lambda: df, schema, "flat", notes, raw, decode.rebuildable_columns(self.topic))
 
-    def _registry_schema(self, fmt: str, schemas: dict[int, tuple[str, str]], references: Any) -> StructType:
+    def registry_plan(self) -> RegistryPlan | None:
+        """Every registered version of the topic's value subject, or None when the subject is not
+        named by the topic alone (then only the batch's own schema ids tell which are used)."""
+        from dpone_dagster.schema.registry import (
+            fetch_versions,
+            references_by_id,
+            registry_client,
+            registry_errors,
+            schemas_by_id,
+        )
+
+        options = self.options.schema_registry
+        if self.registry_config is None or (options is not None and options.subject_name_strategy != "topic"):
+            return None
+        fmt = self.options.message_format
+        client = registry_client(self.registry_config)
+        with registry_errors(self.registry_config):
+            ids = [v.schema_id for v in fetch_versions(client, f"{self.topic}-value", fmt)]
+            schemas = schemas_by_id(client, ids, message_format=fmt)
+            references = references_by_id(client, ids) if fmt == "protobuf" else None
+        return RegistryPlan(fmt, schemas, references, self.registry_schema(fmt, schemas, references)) if schemas else None
+
+    def registry_schema(self, fmt: str, schemas: dict[int, tuple[str, str]], references: Any) -> StructType:
         """The payload schema: declared in the manifest, or the union of the batch's registered
         schemas (newest first, so the newest field order wins)."""
         from dpone_dagster.schema import avro, json_schema, protobuf

@@ -8,12 +8,16 @@ route and for replication. In this order; a step that fails stops the ones after
    end offsets before and after the run and, with `exclusive_target`, the records in between.
 3. A time-window read's late records go to the dead-letter topic: with the run's output, after
    every check, before the state.
-4. The state, in one commit of the state store: the offsets (or the consumer group's), the SQL
-   watermark or the windows' offset ranges, with the run row marked successful.
+4. The state: the offsets (or the consumer group's), the SQL watermark or the windows' offset
+   ranges, with the run row marked successful (see below for the one commit it is).
 5. The result: success, the committed offsets (and the lag after the run, set in step 4).
 
 Until step 4 nothing of the state moved: a failure leaves it where it was, and the next run
-produces the batch again (at least once). Two routes move part of it earlier, each for a reason:
+produces the batch again (at least once). Step 4 is one transaction of the state store, except
+with `offset_storage: kafka`, where the consumer group's commit comes first and the run row after
+it (engine/offsets.py): a store that fails between them leaves the offsets advanced and the run
+recorded as failed, and the next run starts after the delivered batch. Two routes move part of the
+state earlier, each for a reason:
 - the direct path stores a partition's offsets while it produces, once its slices up to there are
   delivered without a gap (engine/direct_load.py); the run row still waits for step 4;
 - exactly-once replication commits each range's records with its new offset in one Kafka

@@ -1,0 +1,60 @@
+"""Registry-framed source values (avro, json_schema, protobuf) decoded into Arrow columns in the
+direct path's tasks, with the schemas the driver fetched (sources/kafka.RegistryPlan): the same
+decoder as the Spark SQL path (spark/registry_codec.RecordDecoder), without the JVM.
+
+A value the decoder cannot read (a wrong magic byte, an id not in the subject, a payload that
+does not decode or fit) raises Undecodable: the batch then takes the Spark SQL path, whose bad-record
+policy decides."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    from dpone_dagster.sources.kafka import RegistryPlan
+
+_decoders: dict[Any, Any] = {}  # one decoder per plan in a worker (it keeps the parsed schemas)
+
+
+class Undecodable(Exception):
+    """A value left to the Spark SQL path; the message says why."""
+
+
+def schema_ids(values: pa.Array) -> set[int]:
+    """The schema ids framed in `values` (null values, tombstones, have none)."""
+    framed = pc.binary_slice(values.filter(pc.greater_equal(pc.fill_null(pc.binary_length(values), 0), 5)), 1, 5)
+    return {int.from_bytes(v, "big") for v in pc.unique(framed).to_pylist()}
+
+
+def decode_values(plan: RegistryPlan, raw: pa.RecordBatch, schema: pa.Schema) -> list[pa.Array]:
+    """One array per field of `schema` (the payload's Arrow schema), aligned with the batch's
+    values; a null value (a tombstone) gives nulls."""
+    decoder = _decoder(plan)
+    rows: list[dict[str, Any] | None] = []
+    partitions, offsets = raw.column("partition").to_pylist(), raw.column("offset").to_pylist()
+    for value, partition, offset in zip(raw.column("value").to_pylist(), partitions, offsets, strict=True):
+        if value is None:
+            rows.append(None)
+            continue
+        row, reason = decoder.decode(value, f"{partition}@{offset}")
+        if reason is not None:
+            raise Undecodable(reason)
+        rows.append(row)
+    try:
+        struct = pa.array(rows, type=pa.struct(list(schema)))
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+        raise Undecodable(f"a value that does not fit the payload schema: {exc}") from exc
+    return struct.flatten()
+
+
+def _decoder(plan: RegistryPlan) -> Any:
+    from dpone_dagster.spark.registry_codec import RecordDecoder, nullable_schema
+
+    key = (plan.fmt, tuple(sorted(plan.schemas.items())), tuple(sorted((plan.references or {}).items())), plan.schema.json())
+    if key not in _decoders:
+        _decoders.clear()
+        _decoders[key] = RecordDecoder(plan.fmt, plan.schemas, nullable_schema(plan.schema), plan.references)
+    return _decoders[key]
