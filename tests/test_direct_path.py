@@ -315,6 +315,28 @@ def test_a_registry_batch_of_old_versions_only_takes_the_spark_sql_path(broker, 
     assert any(b'"channel":"web"' in r["value"] for r in direct_records)
 
 
+def test_a_subject_version_the_direct_path_cannot_read_leaves_the_run_to_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """The subject's first version is not a record (registered by mistake); the batch carries only
+    the record version. The Spark SQL path reads only the batch's versions, so the run succeeds there."""
+    import json
+
+    from confluent_kafka.schema_registry import Schema
+
+    from dpone_dagster.schema.registry import registry_client
+
+    url = f"mock://{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", url)
+    bs = broker.bootstrap_servers
+    src = unique_topic("rsrc")
+    create_topic(bs, src, 2)
+    registry_client({"url": url}).register_schema(f"{src}-value", Schema(json.dumps("string"), "AVRO"))
+    produce_registry(bs, url, src, "avro", shop_rows(40))
+    source = "message_format: avro, schema_registry: {enabled: true}"
+    (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path, monkeypatch, "{mode: incremental_append, unique_key: order_id}", "", 2, source)
+    assert direct.execution_path == "spark_sql" and direct.status == "success", direct.notes
+    assert messages(direct_records) == messages(sql_records) and len(direct_records) == 40
+
+
 def test_a_corrupt_registry_value_goes_to_the_bad_record_policy(broker, spark, kafka_env, tmp_path, monkeypatch):
     """A value without the registry's frame: the tasks leave the batch to the Spark SQL path,
     whose on_error: skip leaves that record out."""

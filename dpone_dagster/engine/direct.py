@@ -61,6 +61,7 @@ from dpone_dagster.sinks.registry import PreparedSchema
 from dpone_dagster.sources.kafka import KafkaBatchSource
 from dpone_dagster.spark import arrow_json
 from dpone_dagster.spark.jobs import MARGIN_S, BoundedJobs, deadline_s, waves
+from dpone_dagster.spark.registry_codec import nullable_schema
 from dpone_dagster.spark.session import is_connect
 from dpone_dagster.spark.slots import local_task_slots, produce_slots
 
@@ -197,7 +198,8 @@ def _decoded_as_planned(planned: PlannedRead, settings: task.DirectSettings, rep
     seen = set().union(*(r.schema_ids for r in reports))
     carried = {i: registry.schemas[i] for i in seen if i in registry.schemas}
     references = {i: r for i, r in (registry.references or {}).items() if i in seen} if registry.references is not None else None
-    if source.registry_schema(registry.fmt, carried, references) != registry.schema:
+    # Both paths decode with every field nullable; only names, types and their order matter.
+    if nullable_schema(source.registry_schema(registry.fmt, carried, references)) != nullable_schema(registry.schema):
         raise _ToSparkSql(f"the batch's schema versions {sorted(seen)} merge into another payload schema than the subject's")
     return [f"{registry.fmt}: schema id(s) {sorted(carried)} from the registry"]
 
@@ -225,9 +227,15 @@ def _settings(
             return None, None, f"source envelope {plan.envelope}"
         payload, source_envelope = plan.schema, plan.envelope
     else:
-        registry = source.registry_plan()
+        try:
+            registry = source.registry_plan()
+        except Exception as exc:  # noqa: BLE001 - a version the direct path cannot read: the Spark SQL path reads only the batch's
+            return None, None, f"the subject's versions could not all be read ({exc})"
         if registry is None:
-            return None, None, f"a {source.options.message_format} source whose subject is not '<topic>-value' or has no version"
+            return None, None, (
+                f"a {source.options.message_format} source whose subject is not '<topic>-value', has no version "
+                "or more than the direct path decodes with"
+            )
         payload, source_envelope = registry.schema, "flat"
     schema = arrow_json.arrow_schema(payload)
     if schema is None or not len(schema):

@@ -85,6 +85,11 @@ class RegistryPlan:
     schema: StructType  # the payload schema over every version (as the Spark SQL path merges them)
 
 
+# The direct path decodes with every version of a subject; a subject with more takes the Spark SQL
+# path, which fetches only the versions a batch carries.
+MAX_SUBJECT_VERSIONS = 100
+
+
 def default_group_id(manifest: Manifest) -> str:
     source = manifest.source
     assert isinstance(source, KafkaSource)
@@ -333,13 +338,13 @@ class KafkaBatchSource:
 
     def registry_plan(self) -> RegistryPlan | None:
         """Every registered version of the topic's value subject, or None when the subject is not
-        named by the topic alone (then only the batch's own schema ids tell which are used)."""
+        named by the topic alone (then only the batch's own schema ids tell which are used), is
+        empty or has more than MAX_SUBJECT_VERSIONS versions."""
         from dpone_dagster.schema.registry import (
             fetch_versions,
             references_by_id,
             registry_client,
             registry_errors,
-            schemas_by_id,
         )
 
         options = self.options.schema_registry
@@ -348,10 +353,14 @@ class KafkaBatchSource:
         fmt = self.options.message_format
         client = registry_client(self.registry_config)
         with registry_errors(self.registry_config):
-            ids = [v.schema_id for v in fetch_versions(client, f"{self.topic}-value", fmt)]
-            schemas = schemas_by_id(client, ids, message_format=fmt)
-            references = references_by_id(client, ids) if fmt == "protobuf" else None
-        return RegistryPlan(fmt, schemas, references, self.registry_schema(fmt, schemas, references)) if schemas else None
+            versions = fetch_versions(client, f"{self.topic}-value", fmt)
+            if not versions or len(versions) > MAX_SUBJECT_VERSIONS:
+                return None
+            schemas = {
+                int(v.schema_id): ((v.schema.schema_type or "AVRO").upper(), v.schema.schema_str or "") for v in versions
+            }
+            references = references_by_id(client, schemas) if fmt == "protobuf" else None
+        return RegistryPlan(fmt, schemas, references, self.registry_schema(fmt, schemas, references))
 
     def registry_schema(self, fmt: str, schemas: dict[int, tuple[str, str]], references: Any) -> StructType:
         """The payload schema: declared in the manifest, or the union of the batch's registered

@@ -205,7 +205,7 @@ class RecordEncoder:
         if fmt == "avro":
             self._avro = avro.parse_avro_schema(schema_str)
         elif fmt == "protobuf":
-            self._message = protobuf.message_class_from_schema(schema_str, self.indexes or [0], references)
+            self.message_class = protobuf.message_class_from_schema(schema_str, self.indexes or [0], references)
 
     def encode(self, row: Mapping[str, Any]) -> bytes:
         # Conform to the registered types first: int -> long/double, decimal rescale, UTC, nulls.
@@ -215,7 +215,7 @@ class RecordEncoder:
         elif self.fmt == "json_schema":
             payload = json_schema.encode_json(json_schema.to_json_value(values, self.schema))
         else:
-            payload = protobuf.row_to_message(values, self._message).SerializeToString()
+            payload = protobuf.row_to_message(values, self.message_class).SerializeToString()
         return frame(self.schema_id, payload, self.indexes)
 
 
