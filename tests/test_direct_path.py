@@ -242,6 +242,15 @@ def produce_registry(bs: str, url: str, src: str, fmt: str, rows: list[dict[str,
     assert producer.flush(30) == 0
 
 
+def registry_topic(bs: str, monkeypatch: Any) -> tuple[str, str]:
+    """A source topic of two partitions and a fresh in-memory registry for the run: (url, topic)."""
+    url = f"mock://{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", url)
+    src = unique_topic("rsrc")
+    create_topic(bs, src, 2)
+    return url, src
+
+
 def shop_rows(n: int, start: int = 0) -> list[dict[str, Any]]:
     return [{"order_id": i, "note": None if i % 4 == 0 else f"n{i} é\"q\"", "amount": i * 0.25, "tags": [f"t{j}" for j in range(i % 3)]} for i in range(start, start + n)]
 
@@ -260,11 +269,8 @@ def test_a_registry_source_is_decoded_in_the_tasks_as_the_spark_sql_path_decodes
     value subject fetched on the driver and decoded in the tasks; tombstones are deletes. The
     same messages on both paths."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "proto"))
-    url = f"mock://{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", url)
     bs = broker.bootstrap_servers
-    src = unique_topic("rsrc")
-    create_topic(bs, src, 2)
+    url, src = registry_topic(bs, monkeypatch)
     produce_registry(bs, url, src, fmt, shop_rows(600), tombstones=(7, 300))
     source = f"message_format: {fmt}, schema_registry: {{enabled: true}}"
     if fmt == "protobuf":  # the fields the direct path reads (the message also has maps, enums, timestamps)
@@ -289,11 +295,8 @@ def test_a_registry_batch_of_old_versions_only_takes_the_spark_sql_path(broker, 
     """The subject holds v1 and v2 (a new field); a batch of v1 records merges into v1's fields
     only on the Spark SQL path, so the direct path hands it over and the output is the same.
     A later batch that carries both versions is decoded in the tasks."""
-    url = f"mock://{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", url)
     bs = broker.bootstrap_servers
-    src = unique_topic("rsrc")
-    create_topic(bs, src, 2)
+    url, src = registry_topic(bs, monkeypatch)
     produce_registry(bs, url, src, "avro", shop_rows(100))
     import json
 
@@ -324,11 +327,8 @@ def test_a_subject_version_the_direct_path_cannot_read_leaves_the_run_to_the_spa
 
     from dpone_dagster.schema.registry import registry_client
 
-    url = f"mock://{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", url)
     bs = broker.bootstrap_servers
-    src = unique_topic("rsrc")
-    create_topic(bs, src, 2)
+    url, src = registry_topic(bs, monkeypatch)
     registry_client({"url": url}).register_schema(f"{src}-value", Schema(json.dumps("string"), "AVRO"))
     produce_registry(bs, url, src, "avro", shop_rows(40))
     source = "message_format: avro, schema_registry: {enabled: true}"
@@ -340,11 +340,8 @@ def test_a_subject_version_the_direct_path_cannot_read_leaves_the_run_to_the_spa
 def test_a_corrupt_registry_value_goes_to_the_bad_record_policy(broker, spark, kafka_env, tmp_path, monkeypatch):
     """A value without the registry's frame: the tasks leave the batch to the Spark SQL path,
     whose on_error: skip leaves that record out."""
-    url = f"mock://{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", url)
     bs = broker.bootstrap_servers
-    src = unique_topic("rsrc")
-    create_topic(bs, src, 2)
+    url, src = registry_topic(bs, monkeypatch)
     produce_registry(bs, url, src, "avro", shop_rows(50))
     produce_json(bs, src, [{"order_id": 999}], partition=0)
     source = "message_format: avro, schema_registry: {enabled: true}, on_error: skip"
