@@ -2,8 +2,8 @@
 Confluent frame with the schema id is added when the id is known: engine/direct_registry.py).
 
 Column-wise where the batch's types match the schema: Avro by formats/avro_arrow.py, JSON Schema
-by the JSON encoder in the flavour of the codec's `json.dumps`, protobuf rows through the
-message's constructor (formats/protobuf_values.py). Otherwise row by row with the registry
+by the JSON encoder in the flavour of the codec's `json.dumps`, protobuf in the wire format
+(formats/protobuf_wire.py) or rows through the message's constructor (formats/protobuf_values.py). Otherwise row by row with the registry
 codec's record encoder, which converts values as the Spark SQL path does."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.types import ArrayType, BooleanType, DataType, DoubleType, LongType, StringType, StructType
 
-from dpone_dagster.formats import protobuf_values
+from dpone_dagster.formats import protobuf_values, protobuf_wire
 from dpone_dagster.formats.avro_arrow import Unsupported, encode_records
 from dpone_dagster.schema.wire_format import frame
 from dpone_dagster.sinks import json_encode
@@ -47,7 +47,9 @@ def encode_values(
         pass
     encoder = _row_encoder(fmt, schema_str, message_indexes, references)
     if fmt == "protobuf" and columns:
-        encoded = protobuf_values.encode_rows(columns, names, encoder.message_class)
+        encoded = protobuf_wire.encode_columns(columns, names, encoder.message_class)
+        if encoded is None:
+            encoded = protobuf_values.encode_rows(columns, names, encoder.message_class)
         if encoded is not None:
             return encoded
     head = len(frame(0, b"", list(message_indexes or [0]) if fmt == "protobuf" else None))
