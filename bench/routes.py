@@ -48,7 +48,7 @@ source:
   connection_type: params
   params: {{bootstrap_servers: "{bootstrap}", schema_registry_url: "{registry}"}}
   topic: {src}
-  options: {{group_id: "bench.{group}", start_from: earliest}}
+  options: {{group_id: "bench.{group}", start_from: earliest{source_options}}}
 sink:
   type: kafka
   connection_id: bench_kafka
@@ -69,12 +69,24 @@ ROUTES: dict[str, tuple[str, str]] = {  # route -> (strategy, sink options)
     "avro": (APPEND, "{message_format: avro, schema_registry: {enabled: true}}"),
     "json_schema": (APPEND, "{message_format: json_schema, schema_registry: {enabled: true}}"),
     "protobuf": (APPEND, "{message_format: protobuf, schema_registry: {enabled: true, protobuf_message: 'bench.orders_pb2:Order'}}"),
+    "avro_source_to_json": (APPEND, "{}"),
 }
+# Routes that read the events framed by the registry instead of as JSON (a copy of the source topic).
+SOURCE_FORMATS = {"avro_source_to_json": "avro"}
 
 
 def hand_encoder(route: str, src: str, dst: str, registry_url: str) -> Encode:
     """The per-message work a hand-written loop does for `route`."""
     loads, dumps = json.loads, json.dumps
+    if route == "avro_source_to_json":
+        import fastavro
+
+        reader, parsed = fastavro.schemaless_reader, fastavro.parse_schema(_bench_avro_schema())
+
+        def from_avro(raw: bytes) -> tuple[bytes, bytes, None]:
+            event = reader(io.BytesIO(raw[5:]), parsed)
+            return dumps(event).encode(), str(event["order_id"]).encode(), None
+        return from_avro
     if route in ("json_append", "json_merge"):
         return lambda raw: (dumps(event := loads(raw)).encode(), str(event["order_id"]).encode(), None)
     if route == "json_envelope_headers":
@@ -109,15 +121,11 @@ def hand_encoder(route: str, src: str, dst: str, registry_url: str) -> Encode:
 def _registered(route: str, dst: str, registry_url: str) -> tuple[bytes, Any]:
     """Register the route's value schema (as the engine derives it from the events) once."""
     from confluent_kafka.schema_registry import Schema
-    from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
     from dpone_dagster.schema import avro, json_schema
     from dpone_dagster.schema.registry import registry_client
 
-    fields = [("order_id", LongType()), ("customer_id", StringType()), ("status", StringType()), ("amount", DoubleType()),
-              ("currency", StringType()), ("items", LongType()), ("channel", StringType()), ("country", StringType()),
-              ("created_at", StringType()), ("note", StringType())]
-    struct = StructType([StructField(n, t, True) for n, t in fields])
+    struct = _bench_struct()
     client = registry_client({"url": registry_url})
     if route == "avro":
         schema: Any = avro.spark_to_avro(struct, "orders", "hand")
@@ -133,6 +141,63 @@ def _registered(route: str, dst: str, registry_url: str) -> tuple[bytes, Any]:
         kind = "JSON"
     schema_id = client.register_schema(f"{dst}-value", Schema(json.dumps(schema), kind))
     return b"\x00" + schema_id.to_bytes(4, "big"), schema
+
+
+def _bench_struct() -> Any:
+    """The events' fields as the engine derives them (every field nullable)."""
+    from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+
+    fields = [("order_id", LongType()), ("customer_id", StringType()), ("status", StringType()), ("amount", DoubleType()),
+              ("currency", StringType()), ("items", LongType()), ("channel", StringType()), ("country", StringType()),
+              ("created_at", StringType()), ("note", StringType())]
+    return StructType([StructField(n, t, True) for n, t in fields])
+
+
+def _bench_avro_schema() -> dict[str, Any]:
+    from dpone_dagster.schema import avro
+
+    return avro.spark_to_avro(_bench_struct(), "orders", "bench")
+
+
+def avro_copy(bootstrap: str, src: str, registry_url: str, partitions: int) -> str:
+    """A copy of `src` with each event framed by the registry in Avro (untimed), same partitions."""
+    import fastavro
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.schema_registry import Schema
+
+    from dpone_dagster.schema.registry import registry_client
+
+    copy = f"bench_avro_src_{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, copy, partitions)
+    schema = _bench_avro_schema()
+    schema_id = registry_client({"url": registry_url}).register_schema(f"{copy}-value", Schema(json.dumps(schema), "AVRO"))
+    head, parsed, writer = b"\x00" + schema_id.to_bytes(4, "big"), fastavro.parse_schema(schema), fastavro.schemaless_writer
+    ends = topic_end_offsets(bootstrap, src)
+    consumer = Consumer({**engine_consumer_config(bootstrap)})
+    producer = Producer(engine_producer_config(bootstrap))
+    consumer.assign([TopicPartition(src, p, 0) for p, end in sorted(ends.items()) if end > 0])
+    seen, total = 0, sum(ends.values())
+    try:
+        while seen < total:
+            for m in consumer.consume(10_000, 1.0):
+                if m.error() is not None:
+                    continue
+                out = io.BytesIO()
+                out.write(head)
+                writer(out, parsed, json.loads(m.value()))
+                while True:
+                    try:
+                        producer.produce(copy, out.getvalue(), partition=m.partition())
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                seen += 1
+            producer.poll(0)
+        if producer.flush(120):
+            raise RuntimeError(f"{copy}: events not delivered")
+    finally:
+        consumer.close()
+    return copy
 
 
 def hand_loop(bootstrap: str, src: str, dst: str, encode: Encode) -> tuple[int, float, int]:
@@ -181,6 +246,7 @@ def engine_run(spark: Any, route: str, bootstrap: str, src: str, dst: str, regis
         text = MANIFEST.format(
             route=route, bootstrap=bootstrap, registry=registry_url, src=src, dst=dst, group=uuid.uuid4().hex[:8],
             strategy=strategy, options=options, state=state,
+            source_options=f", message_format: {SOURCE_FORMATS[route]}, schema_registry: {{enabled: true}}" if route in SOURCE_FORMATS else "",
         )
         started = time.perf_counter()
         result = run_pipeline(parse_manifest(text), spark)
@@ -202,17 +268,21 @@ def run_routes(
         hand_dst, engine_dst = f"bench_{route}_h_{uuid.uuid4().hex[:6]}", f"bench_{route}_e_{uuid.uuid4().hex[:6]}"
         create_topic(bootstrap, hand_dst, partitions)
         create_topic(bootstrap, engine_dst, partitions)
+        route_src = src
+        if route in SOURCE_FORMATS:
+            log(f"{route}: copying the events as {SOURCE_FORMATS[route]} (untimed)")
+            route_src = avro_copy(bootstrap, src, registry_url, partitions)
         log(f"{route}: (h) hand-written loop")
-        encode = hand_encoder(route, src, hand_dst, registry_url)
+        encode = hand_encoder(route, route_src, hand_dst, registry_url)
         with _phase(sampler, f"{route}_h") as peaks:
-            n, seconds, failed = hand_loop(bootstrap, src, hand_dst, encode)
+            n, seconds, failed = hand_loop(bootstrap, route_src, hand_dst, encode)
         hand = {"messages": n, "seconds": round(seconds, 2), "failed": failed, "cpu": _cpu(peaks)}
         if spark is None:
             log("starting Spark")
             spark, _ = start_spark()
         log(f"{route}: (e) dpone run_pipeline")
         with _phase(sampler, f"{route}_e") as peaks:
-            result, seconds = engine_run(spark, route, bootstrap, src, engine_dst, registry_url)
+            result, seconds = engine_run(spark, route, bootstrap, route_src, engine_dst, registry_url)
         engine = {
             "messages": result.messages_produced, "seconds": round(seconds, 2), "path": result.execution_path,
             "in_topic": topic_count(bootstrap, engine_dst), "stage_seconds": result.timings, "cpu": _cpu(peaks),
