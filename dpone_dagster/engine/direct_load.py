@@ -24,6 +24,7 @@ import numpy as np
 from dpone_dagster.direct import task
 from dpone_dagster.direct.progress import Slice, SliceSchedule
 from dpone_dagster.engine.results import RunResult
+from dpone_dagster.engine.stages.commit import reconciles
 from dpone_dagster.engine.stages.timing import Log
 from dpone_dagster.errors import RunFailed
 from dpone_dagster.kafka.boundary import Boundary
@@ -38,7 +39,7 @@ Skip = dict[int, np.ndarray]  # source offsets left out, per partition
 
 def storing_rule(manifest: Manifest, planned_checkpoint: Checkpoint | None, removed: int, result: RunResult) -> Checkpoint | None:
     """The checkpoint to store offsets with while the run produces, or None: once, at the commit."""
-    if planned_checkpoint is None or any(c.type == "source_target_count" for c in manifest.quality.checks):
+    if planned_checkpoint is None or reconciles(manifest):
         return None
     if removed:
         result.notes.append(

@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 from dpone_dagster.engine.clients import RunClients
 from dpone_dagster.engine.request import RunRequest
 from dpone_dagster.engine.results import RunResult
-from dpone_dagster.engine.stages.commit import Output, StateMove, commit_run, finish_checks_only
+from dpone_dagster.engine.stages.commit import Output, StateMove, commit_run, finish_checks_only, reconciles
 from dpone_dagster.engine.stages.gates import pre_publish_gates
 from dpone_dagster.engine.stages.timing import Log, stage
 from dpone_dagster.errors import ConfigError
@@ -60,7 +60,7 @@ def replicate(
         finish_checks_only(store, record, result, log)
         return
     targets, target_before = None, None
-    if plan is not None and any(c.type == "source_target_count" for c in manifest.quality.checks):
+    if plan is not None and reconciles(manifest):
         # Committed end offsets (read_committed); a topic the run creates starts empty.
         targets = KafkaTargets(target_config, list(plan.targets.values()), transactional=True)
         target_before = targets.ends_of(set(targets.topics) & set(plan.target_partitions))

@@ -35,7 +35,6 @@ from dpone_dagster.errors import DponeError, RunFailed
 from dpone_dagster.kafka.config import check_producer_settings
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.quality.selection import select_checks
-from dpone_dagster.quality.target import KafkaTargets
 from dpone_dagster.redact import redact_text
 from dpone_dagster.sinks.dead_letters import DeadLetters
 from dpone_dagster.state.base import RunRecord, StateStore, utcnow
@@ -97,7 +96,7 @@ def _run(
         planned = plan_read(manifest, spark, request, store, record, result, clients)
         log(f"plan: {planned.name}")
     with stage(result, "preflight", log):
-        target_before = prepare_sink(manifest, sink_config)
+        reconciled = prepare_sink(manifest, sink_config)  # the target and its ends before the run
     registry = clients.registry(manifest.sink) if writes_registry_format(manifest) and request.publish else None
     delivered = direct.copy(manifest, spark, planned, result, sink_config, log, registry) if request.publish else None
     if delivered is None:
@@ -106,8 +105,8 @@ def _run(
         return finish_checks_only(store, record, result, log)
     output = None
     if delivered is not None:
-        target = KafkaTargets(sink_config, [manifest.sink.topic]) if target_before is not None else None
-        output = Output(result.rows_extracted, delivered.expected, delivered.stats.delivered, target, target_before)
+        target, before = reconciled if reconciled is not None else (None, None)
+        output = Output(result.rows_extracted, delivered.expected, delivered.stats.delivered, target, before)
     commit_run(manifest, output, planned.state, record, result, log)
 
 

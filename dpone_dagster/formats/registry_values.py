@@ -52,7 +52,7 @@ def encode_values(
             encoded = protobuf_values.encode_rows(columns, names, encoder.message_class)
         if encoded is not None:
             return encoded
-    head = len(frame(0, b"", list(message_indexes or [0]) if fmt == "protobuf" else None))
+    head = len(frame(0, b"", encoder.indexes))  # what the encoder puts in front of each value
     out = []
     for row in pa.Table.from_arrays(columns, names=names).to_pylist():
         try:

@@ -97,7 +97,7 @@ def commit_run(
 
 def confirm_deliveries(manifest: Manifest, output: Output) -> None:
     """Step 1: without a source_target_count tolerance every produced message is acknowledged."""
-    if output.transactional or _reconciles(manifest):
+    if output.transactional or reconciles(manifest):
         return
     if output.acknowledged != output.produced:
         raise RunFailed(
@@ -112,7 +112,7 @@ def check_target(manifest: Manifest, output: Output, result: RunResult) -> None:
     from dpone_dagster.quality.gates import failed_gates, run_post_publish
     from dpone_dagster.quality.target import offset_advance
 
-    if not _reconciles(manifest) or output.target is None:
+    if not reconciles(manifest) or output.target is None:
         return
     checks = manifest.quality.checks
     before = output.target_before or {}
@@ -159,5 +159,6 @@ def run_record(record: RunRecord, result: RunResult, status: str) -> RunRecord:
     )
 
 
-def _reconciles(manifest: Manifest) -> bool:
+def reconciles(manifest: Manifest) -> bool:
+    """Whether a source_target_count check reads the target after the run (step 2)."""
     return any(c.type == "source_target_count" for c in manifest.quality.checks)

@@ -9,6 +9,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 
 from dpone_dagster.engine.results import RunResult
+from dpone_dagster.engine.stages.commit import reconciles
 from dpone_dagster.engine.stages.timing import Log, stage
 from dpone_dagster.errors import RunFailed
 from dpone_dagster.kafka.admin import ensure_sink_topic
@@ -22,12 +23,14 @@ from dpone_dagster.sinks.dead_letters import DeadLetters
 from dpone_dagster.sinks.kafka import ProducerSettings, produce
 
 
-def prepare_sink(manifest: Manifest, sink_config: dict) -> dict[Any, int] | None:
-    """Check (or create) the sink topic; when a check reconciles against the target, where its
-    partitions end before this run writes."""
+def prepare_sink(manifest: Manifest, sink_config: dict) -> tuple[KafkaTargets, dict[Any, int]] | None:
+    """Check (or create) the sink topic; when a check reconciles against the target, the target
+    and where its partitions end before this run writes."""
     ensure_sink_topic(sink_config, manifest.sink.topic, manifest.sink.options.create_topic)
-    reconciles = any(c.type == "source_target_count" for c in manifest.quality.checks)
-    return KafkaTargets(sink_config, [manifest.sink.topic]).ends() if reconciles else None
+    if not reconciles(manifest):
+        return None
+    target = KafkaTargets(sink_config, [manifest.sink.topic])
+    return target, target.ends()
 
 
 def publish_dead_letters(letters: DeadLetters | None, result: RunResult, log: Log) -> None:
