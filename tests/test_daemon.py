@@ -181,7 +181,12 @@ def test_the_daemon_keeps_topics_in_sync_retries_what_a_retry_can_fix_and_nothin
             assert pipeline.delivered() == list(range(100, 105))  # the topic was recreated empty
 
         [failed] = by_retry.runs(instance, DagsterRunStatus.FAILURE)
-        retried = [r for r in by_retry.runs(instance, DagsterRunStatus.SUCCESS) if r.parent_run_id == failed.run_id]
+        # The offsets are stored inside the run, a moment before Dagster marks it a success.
+        retried = wait_for(
+            "by_retry: its retry marked a success",
+            lambda: [r for r in by_retry.runs(instance, DagsterRunStatus.SUCCESS) if r.parent_run_id == failed.run_id],
+            60, daemon,
+        )
         assert len(retried) == 1 and retried[0].tags["dagster/retry_number"] == "1"
         assert all(r.parent_run_id is None for r in by_sensor.runs(instance, DagsterRunStatus.SUCCESS))
 

@@ -25,6 +25,8 @@ import pyarrow.ipc as ipc
 from dpone_dagster.direct.keys import TaskHashes, key_hashes
 from dpone_dagster.direct.progress import Slice
 from dpone_dagster.formats import registry_source, registry_values
+from dpone_dagster.quality import arrow_checks
+from dpone_dagster.quality.arrow_checks import RowCheck, Tally
 from dpone_dagster.shape import envelope, keys
 from dpone_dagster.shape import headers as message_headers
 from dpone_dagster.shape.headers import HeaderSpec
@@ -77,6 +79,7 @@ class DirectSettings:
     source_key_for_deletes: bool = False
     # A registry-framed source: the subject's schemas the values are decoded with (None: JSON).
     registry_source: RegistryPlan | None = None
+    row_checks: tuple[RowCheck, ...] = ()  # the quality checks measured on the decoded rows
 
 
 @dataclass(frozen=True)
@@ -90,18 +93,29 @@ class ScanReport:
     late: dict[int, int] = field(default_factory=dict)  # late records per window index
     deletes: int = 0  # deletes in the slices (left out of the messages when skipped)
     schema_ids: frozenset[int] = frozenset()  # a registry source: the schema ids its values carry
+    checks: Tally | None = None  # the row-level quality checks' measures
 
 
 class Refused(Exception):
     """A record the direct path leaves to the Spark SQL path (its reason is the message)."""
 
 
-def shape(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBatch, int]:
-    """The sink's messages of one batch of raw records — key, value (JSON as Spark writes it, a
-    registry format, or null for a tombstone), the source offset and timestamp — and how many of
-    the records are deletes. Raises Refused for what only the Spark SQL path handles."""
+def shape(settings: DirectSettings, raw: pa.RecordBatch, partition: int = 0, tally: Tally | None = None) -> tuple[pa.RecordBatch, int]:
+    """The sink's messages of one batch of raw records of `partition` — key, value (JSON as Spark
+    writes it, a registry format, or null for a tombstone), the source offset and timestamp — and
+    how many of the records are deletes; the decoded rows are measured into `tally` when given.
+    Raises Refused for what only the Spark SQL path handles."""
     raw, columns, is_delete = _decoded(settings, raw)
     deletes = int(pc.sum(is_delete).as_py() or 0)
+    if tally is not None:
+        skipped = is_delete if settings.deletes == "skip" else None
+        try:
+            arrow_checks.measure(
+                settings.row_checks, tally, columns, settings.schema.names, is_delete, skipped,
+                partition, raw.column("offset"), raw.column("timestamp"),
+            )
+        except arrow_checks.Unsettled as exc:
+            raise Refused(str(exc)) from exc
     if deletes and settings.deletes == "skip":
         kept = pc.invert(is_delete)
         raw, columns, is_delete = raw.filter(kept), [c.filter(kept) for c in columns], is_delete.filter(kept)
@@ -179,6 +193,7 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
     hashes: list[np.ndarray] = []
     ids: set[int] = set()
     late: dict[int, int] = {}
+    tally = Tally() if settings.row_checks else None
     sweep_stale_spills(settings)
     try:
         for piece in slices:
@@ -186,7 +201,7 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                 for raw in read_one_range(settings.reader, *piece):
                     if settings.registry_source is not None:
                         ids |= registry_source.schema_ids(raw.column("value"))
-                    messages, found = shape(settings, raw)
+                    messages, found = shape(settings, raw, piece[1], tally)
                     deletes += found
                     if settings.windows:
                         offsets, stamps = messages.column("offset").to_numpy(), messages.column("timestamp").to_numpy()
@@ -207,7 +222,7 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                     size += int(pc.sum(lengths).as_py() or 0)
     except Refused as exc:
         return ScanReport(rows, size, str(exc))
-    return ScanReport(rows, size, None, TaskHashes.of(hashes) if settings.hashed else None, late, deletes, frozenset(ids))
+    return ScanReport(rows, size, None, TaskHashes.of(hashes) if settings.hashed else None, late, deletes, frozenset(ids), tally)
 
 
 def late_counts(windows: tuple[WindowRange, ...], partition: int, offsets: np.ndarray, stamps: np.ndarray) -> dict[int, int]:

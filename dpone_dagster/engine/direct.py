@@ -17,7 +17,8 @@ does the same work in the Python tasks, in the same order of guarantees:
    the same record as the Spark SQL path (source order: timestamp, partition, offset).
    A time window's late records are counted in the scan and judged by its policy (fail stops
    the run here; dead_letter, which holds records back, takes the Spark SQL path).
-3. gates: min_rows on the counts, before anything is produced.
+3. gates: min_rows on the counts, and not_null, accepted_values and freshness on what the scan
+   measured of the decoded rows (quality/arrow_checks.py), before anything is produced.
 4. produce (engine/direct_load.py, direct/task.py): the tasks produce their kept messages, the
    offsets stored as slices are delivered where that keeps the guarantees; the delivery reports go
    to the load and reconciliation stages as on the other path.
@@ -54,7 +55,8 @@ from dpone_dagster.kafka.boundary import pack_tasks, split_into_tasks
 from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.kafka.delivery import aggregate
 from dpone_dagster.manifest.models import KafkaSink, KafkaSource, Manifest
-from dpone_dagster.quality.gates import check_stage
+from dpone_dagster.quality import arrow_checks
+from dpone_dagster.quality.arrow_checks import Tally
 from dpone_dagster.shape.envelope import envelope_parts
 from dpone_dagster.shape.headers import HeaderSpec
 from dpone_dagster.sinks.registry import PreparedSchema
@@ -72,7 +74,7 @@ MAX_CANDIDATES = 1_000_000
 # consumer's connection set-up): the scan's part of a job bound (spark/jobs.py).
 READ_WAIT_S = 60.0
 STRATEGIES = ("incremental_append", "incremental_merge")
-CHECKS = ("min_rows", "source_target_count")  # judged on counts (the others need Spark SQL)
+CHECKS = ("min_rows", "source_target_count", *arrow_checks.KINDS)  # unique and great_expectations need Spark SQL
 
 
 def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
@@ -145,7 +147,11 @@ def copy(
                 late = {w["start"]: sum(r.late.get(i, 0) for r in reports) for i, w in enumerate(boundary.windows)}
                 judge_late_records(planned.source.policy, late, result, log)
         rows = result.rows_extracted = sum(r.rows for r in reports)
-        _gates(manifest, spark, planned, result, rows, "quality_pre", "extracted", log)
+        tally = Tally()
+        for report in reports:
+            if report.checks is not None:
+                tally.add(report.checks)
+        _gates(manifest, planned, settings, tally, {}, result, rows, "quality_pre", "extracted", log)
         with stage(result, "shape", log):
             deletes = sum(r.deletes for r in reports)
             if deletes and settings.deletes == "fail":
@@ -154,7 +160,7 @@ def copy(
                 result.deletes_skipped = deletes
             skip, removed = _settle_repeated_keys(manifest, spark, jobs, settings, groups, found, read_bound)
             removed += result.deletes_skipped  # left out of the messages either way
-            _gates(manifest, spark, planned, result, rows - removed, "quality_published", "published", log)
+            _gates(manifest, planned, settings, tally, skip, result, rows - removed, "quality_published", "published", log)
     except _ToSparkSql as exc:
         _remove_spills(spark, jobs, settings, groups)
         del result.gates[judged:]
@@ -251,6 +257,10 @@ def _settings(
         if missing:
             return None, None, f"unique_key column(s) {missing} not in the batch"
         key_columns = tuple(names.index(c) for c in sink.strategy.unique_key_columns)
+    message_key = tuple(names[i] for i in key_columns) if key_columns is not None and sink.options.key.mode == "unique_key" else ()
+    row_checks, reason = arrow_checks.row_checks(manifest.quality.checks, schema, message_key)
+    if reason is not None:
+        return None, None, reason
     prepared, reason = direct_registry.prepare(manifest, payload, registry_config)
     if reason is not None:
         return None, None, reason
@@ -282,6 +292,7 @@ def _settings(
             deletes=_delete_mode(manifest),
             source_key_for_deletes=sink.options.key.mode == "unique_key",
             delete_envelope=envelope_parts(C.DELETE, sink.strategy.mode, run_id, {"topic": source.topic}),
+            row_checks=row_checks,
         ),
         prepared,
         None,
@@ -385,19 +396,22 @@ def _losers(records: pa.Table, policy: str) -> tuple[dict[int, np.ndarray], int]
 
 def _gates(
     manifest: Manifest,
-    spark: SparkSession,
     planned: PlannedRead,
+    settings: task.DirectSettings,
+    tally: Tally,
+    losers: dict[int, np.ndarray],
     result: RunResult,
     rows: int,
     name: str,
     frame_stage: str,
     log: Log,
 ) -> None:
-    """min_rows on a count, before anything is produced (the stage is there with or without
-    checks, as on the Spark SQL path)."""
+    """The checks of one frame on what the tasks measured, before anything is produced (the stage
+    is there with or without checks, as on the Spark SQL path); `losers` are left out of the rows
+    as published."""
     with stage(result, name, log):
-        if any(c.type == "min_rows" and check_stage(c) == frame_stage for c in manifest.quality.checks):
-            empty = spark.createDataFrame([], planned.source.json_plan(planned.boundary).schema)
-            pre_publish_gates(manifest, empty, planned.incremental, result, rows, frame_stage)
-
-
+        try:
+            measured = arrow_checks.measured(settings.row_checks, tally, frame_stage, losers)
+        except arrow_checks.Unsettled as exc:
+            raise _ToSparkSql(str(exc)) from exc
+        pre_publish_gates(manifest, None, planned.incremental, result, rows, frame_stage, measured)

@@ -52,7 +52,7 @@ Decisions:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -79,6 +79,7 @@ __all__ = [
     "PRE_PUBLISH_TYPES",
     "POST_PUBLISH_TYPES",
     "SAMPLE_SIZE",
+    "Measured",
     "failed_gates",
     "run_post_publish",
     "run_pre_publish",
@@ -111,13 +112,14 @@ def _models(checks: Sequence[Any]) -> list[Any]:
 
 
 def run_pre_publish(
-    df: DataFrame,
+    df: DataFrame | None,
     checks: Sequence[Any],
     mode: str,
     rows: int,
     incremental_empty: bool,
     now: datetime,
     stage: str | None = None,
+    measured: Measured | None = None,
 ) -> list[CheckResult]:
     """Evaluate every pre-publish check of `checks` on the staged batch `df` (see the module notes).
 
@@ -125,39 +127,39 @@ def run_pre_publish(
     (naive means UTC). Results are in manifest order; source_target_count is left to run_post_publish.
     `stage` selects the checks of one frame: "extracted" (min_rows and `stage: extracted` checks, on
     the decoded batch) or "published" (the other row-level checks, on the rows to publish); None
-    evaluates every pre-publish check on `df`.
+    evaluates every pre-publish check on `df`. `measured`: the row-level checks' values as the
+    direct path's tasks measured them (quality/arrow_checks.py), instead of `df`.
     """
     severity = severity_for(mode)
     checks = _models(checks)
     names = check_names(checks)
     now = now if now.tzinfo else now.replace(tzinfo=UTC)
     selected = [
-        (name, c)
-        for name, c in zip(names, checks, strict=True)
+        (index, name, c)
+        for index, (name, c) in enumerate(zip(names, checks, strict=True))
         if c.type in PRE_PUBLISH_TYPES and (stage is None or check_stage(c) == stage)
     ]
-    ctx = _Batch(df, severity)
-    if rows > 0:
-        _require_columns(ctx.df, selected)
-        ctx.aggregate([c for _, c in selected])
+    ctx: Measured | _Batch = measured if measured is not None else _Batch(df, severity)
+    if rows > 0 and isinstance(ctx, _Batch):
+        _require_columns(ctx.df, [(name, c) for _, name, c in selected])
+        ctx.aggregate([(index, c) for index, _, c in selected])
     results = []
-    for name, check in selected:
+    for index, name, check in selected:
+        verdict = _Verdict(name, check, severity)
         if isinstance(check, MinRowsCheck):
-            results.append(_min_rows(ctx, name, check, rows, incremental_empty))
+            results.append(_min_rows(verdict, rows, incremental_empty))
         elif rows == 0:
-            results.append(
-                ctx.result(
-                    name, check, True, None, _threshold(check), "empty batch: nothing to check", skipped=True
-                )
-            )
+            results.append(verdict(True, None, _threshold(check), "empty batch: nothing to check", skipped=True))
         elif isinstance(check, NotNullCheck):
-            results.append(_not_null(ctx, name, check))
-        elif isinstance(check, UniqueCheck):
-            results.append(_unique(ctx, name, check))
+            results.append(_not_null(ctx, index, verdict))
         elif isinstance(check, AcceptedValuesCheck):
-            results.append(_accepted_values(ctx, name, check))
+            results.append(_accepted_values(ctx, index, verdict))
         elif isinstance(check, FreshnessCheck):
-            results.append(_freshness(ctx, name, check, now))
+            results.append(_freshness(ctx, index, verdict, now))
+        elif isinstance(check, UniqueCheck):
+            results.append(_unique(ctx, index, verdict))
+        elif not isinstance(ctx, _Batch):
+            raise ValueError(f"quality check {name} ({check.type}) runs on Spark SQL only")
         elif isinstance(check, GreatExpectationsCheck):
             from dpone_dagster.quality.expectations import run_expectation
 
@@ -170,8 +172,66 @@ def run_pre_publish(
         replace(r, description=f"before de-duplication: {r.description}")
         if check_stage(c) == "extracted" and not isinstance(c, MinRowsCheck)
         else r
-        for r, (_, c) in zip(results, selected, strict=True)
+        for r, (_, _, c) in zip(results, selected, strict=True)
     ]
+
+
+@dataclass
+class Measured:
+    """The row-level checks' values measured elsewhere (the direct path's tasks,
+    quality/arrow_checks.py), by check index: null counts per ("null", index, column), values
+    outside the accepted ones per ("outside", index), the newest freshness value in epoch
+    microseconds, and up to SAMPLE_SIZE offending rows."""
+
+    counts: dict[tuple, int] = field(default_factory=dict)
+    newest: dict[int, int | None] = field(default_factory=dict)
+    samples: dict[int, tuple[dict, ...]] = field(default_factory=dict)
+
+    def nulls(self, index: int, check: NotNullCheck, column: str) -> int:
+        return self.counts[("null", index, column)]
+
+    def outside(self, index: int, check: AcceptedValuesCheck) -> int:
+        return self.counts[("outside", index)]
+
+    def newest_micros(self, index: int, check: FreshnessCheck) -> int | None:
+        return self.newest[index]
+
+    def offending(self, index: int, check: Any) -> tuple[dict, ...]:
+        return self.samples.get(index, ())
+
+    def repeated(self, index: int, check: UniqueCheck) -> tuple[int, tuple[dict, ...]]:
+        return self.counts[("groups", index)], self.samples.get(index, ())
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """The result of one check, with its name, type and severity."""
+
+    name: str
+    check: Any
+    severity: str
+
+    def __call__(
+        self,
+        passed: bool,
+        observed: Any,
+        threshold: Any,
+        description: str,
+        sample: tuple[dict, ...] = (),
+        skipped: bool = False,
+    ) -> CheckResult:
+        return CheckResult(
+            name=self.name,
+            check_type=self.check.type,
+            phase="pre_publish",
+            passed=passed,
+            severity=self.severity,  # type: ignore[arg-type]
+            observed=observed,
+            threshold=threshold,
+            description=description,
+            failing_sample=() if passed else sample,
+            skipped=skipped,
+        )
 
 
 class _Batch:
@@ -180,7 +240,8 @@ class _Batch:
     def __init__(self, df: DataFrame, severity: str) -> None:
         self.df = df
         self.severity = severity
-        self.payload = C.payload_columns(df.columns)
+        # Sample rows hold the payload only: no engine column (a sink key the shape stage added).
+        self.payload = [c for c in C.payload_columns(df.columns) if not c.startswith("__dpone__") or c.startswith("__dpone__nc__")]
         # Upsert rows: deletes carry no payload to judge (see module notes).
         self.content = df.where(~F.col(C.OP).eqNullSafe(F.lit(C.DELETE))) if C.OP in df.columns else df
         self._is_content: Column = (
@@ -194,9 +255,9 @@ class _Batch:
     def _key(self, *parts: Any) -> str:
         return self._keys.setdefault(parts, f"a{len(self._keys)}")
 
-    def aggregate(self, checks: Iterable[Any]) -> None:
+    def aggregate(self, checks: Iterable[tuple[int, Any]]) -> None:
         exprs: list[Column] = []
-        for check in checks:
+        for _, check in checks:
             if isinstance(check, NotNullCheck):
                 for column in check.columns:
                     exprs.append(
@@ -206,7 +267,7 @@ class _Batch:
                     )
             elif isinstance(check, AcceptedValuesCheck):
                 exprs.append(
-                    F.count(F.when(self._is_content & self.outside(check), 1)).alias(
+                    F.count(F.when(self._is_content & self._outside(check), 1)).alias(
                         self._key("outside", check.column, repr(check.values))
                     )
                 )
@@ -217,11 +278,43 @@ class _Batch:
             row = self.df.agg(*exprs).first()
             self.values = {key: row[key] for key in self._keys.values()}
 
-    def value(self, *parts: Any) -> Any:
+    def _value(self, *parts: Any) -> Any:
         return self.values[self._keys[parts]]
 
+    def nulls(self, index: int, check: NotNullCheck, column: str) -> int:
+        return int(self._value("null", column))
+
+    def outside(self, index: int, check: AcceptedValuesCheck) -> int:
+        return int(self._value("outside", check.column, repr(check.values)))
+
+    def newest_micros(self, index: int, check: FreshnessCheck) -> int | None:
+        return self._value("newest", check.column or C.SOURCE_TIMESTAMP)
+
+    def offending(self, index: int, check: Any) -> tuple[dict, ...]:
+        if isinstance(check, NotNullCheck):
+            condition = F.lit(False)
+            for column in check.columns:
+                condition = condition | _col(column).isNull()
+        else:
+            condition = self._outside(check)
+        return self.sample(self.content, condition)
+
+    def repeated(self, index: int, check: UniqueCheck) -> tuple[int, tuple[dict, ...]]:
+        """Values of the check's columns that occur more than once, and a few of their rows."""
+        columns = list(check.columns)
+        keyed = self.content
+        for column in columns:
+            keyed = keyed.where(_col(column).isNotNull())
+        duplicate_keys = (
+            keyed.groupBy(*[_col(c) for c in columns]).count().where(F.col("count") > 1).drop("count")
+        )
+        groups = duplicate_keys.count()
+        if not groups:
+            return 0, ()
+        return groups, self.sample(keyed.join(duplicate_keys.limit(SAMPLE_SIZE), on=columns, how="left_semi"))
+
     @staticmethod
-    def outside(check: AcceptedValuesCheck) -> Column:
+    def _outside(check: AcceptedValuesCheck) -> Column:
         column = _col(check.column)
         accepted = [v for v in check.values if v is not None]
         return column.isNotNull() & ~column.isin(*accepted) if accepted else column.isNotNull()
@@ -234,30 +327,6 @@ class _Batch:
             frame = frame.orderBy(*self._order)
         rows = frame.limit(SAMPLE_SIZE).select(*[_col(c) for c in self.payload]).collect()
         return tuple(row.asDict(recursive=True) for row in rows)
-
-    def result(
-        self,
-        name: str,
-        check: Any,
-        passed: bool,
-        observed: Any,
-        threshold: Any,
-        description: str,
-        sample: tuple[dict, ...] = (),
-        skipped: bool = False,
-    ) -> CheckResult:
-        return CheckResult(
-            name=name,
-            check_type=check.type,
-            phase="pre_publish",
-            passed=passed,
-            severity=self.severity,  # type: ignore[arg-type]
-            observed=observed,
-            threshold=threshold,
-            description=description,
-            failing_sample=() if passed else sample,
-            skipped=skipped,
-        )
 
 
 def _threshold(check: Any) -> Any:
@@ -289,49 +358,26 @@ def _require_columns(df: DataFrame, selected: list[tuple[str, Any]]) -> None:
             )
 
 
-def _min_rows(ctx: _Batch, name: str, check: MinRowsCheck, rows: int, incremental_empty: bool) -> CheckResult:
+def _min_rows(verdict: _Verdict, rows: int, incremental_empty: bool) -> CheckResult:
+    threshold = verdict.check.threshold
     if incremental_empty and rows == 0:
-        return ctx.result(name, check, True, 0, check.threshold, "no new data", skipped=True)
-    passed = rows >= check.threshold
-    return ctx.result(
-        name,
-        check,
-        passed,
-        rows,
-        check.threshold,
-        f"{rows} row(s) in the batch; at least {check.threshold} required",
-    )
+        return verdict(True, 0, threshold, "no new data", skipped=True)
+    return verdict(rows >= threshold, rows, threshold, f"{rows} row(s) in the batch; at least {threshold} required")
 
 
-def _not_null(ctx: _Batch, name: str, check: NotNullCheck) -> CheckResult:
-    counts = {column: int(ctx.value("null", column)) for column in check.columns}
+def _not_null(ctx: Measured | _Batch, index: int, verdict: _Verdict) -> CheckResult:
+    check = verdict.check
+    counts = {column: ctx.nulls(index, check, column) for column in check.columns}
     nulls = sum(counts.values())
     per_column = ", ".join(f"{column}: {count}" for column, count in counts.items())
-    sample: tuple[dict, ...] = ()
-    if nulls:
-        any_null = F.lit(False)
-        for column in check.columns:
-            any_null = any_null | _col(column).isNull()
-        sample = ctx.sample(ctx.content, any_null)
-    return ctx.result(name, check, nulls == 0, nulls, 0, f"null values ({per_column}); none allowed", sample)
+    sample = ctx.offending(index, check) if nulls else ()
+    return verdict(nulls == 0, nulls, 0, f"null values ({per_column}); none allowed", sample)
 
 
-def _unique(ctx: _Batch, name: str, check: UniqueCheck) -> CheckResult:
-    columns = list(check.columns)
-    keyed = ctx.content
-    for column in columns:
-        keyed = keyed.where(_col(column).isNotNull())
-    duplicate_keys = (
-        keyed.groupBy(*[_col(c) for c in columns]).count().where(F.col("count") > 1).drop("count")
-    )
-    groups = duplicate_keys.count()
-    sample: tuple[dict, ...] = ()
-    if groups:
-        few = duplicate_keys.limit(SAMPLE_SIZE)
-        sample = ctx.sample(keyed.join(few, on=columns, how="left_semi"))
-    return ctx.result(
-        name,
-        check,
+def _unique(ctx: Measured | _Batch, index: int, verdict: _Verdict) -> CheckResult:
+    columns = list(verdict.check.columns)
+    groups, sample = ctx.repeated(index, verdict.check)
+    return verdict(
         groups == 0,
         groups,
         0,
@@ -340,12 +386,11 @@ def _unique(ctx: _Batch, name: str, check: UniqueCheck) -> CheckResult:
     )
 
 
-def _accepted_values(ctx: _Batch, name: str, check: AcceptedValuesCheck) -> CheckResult:
-    outside = int(ctx.value("outside", check.column, repr(check.values)))
-    sample = ctx.sample(ctx.content, ctx.outside(check)) if outside else ()
-    return ctx.result(
-        name,
-        check,
+def _accepted_values(ctx: Measured | _Batch, index: int, verdict: _Verdict) -> CheckResult:
+    check = verdict.check
+    outside = ctx.outside(index, check)
+    sample = ctx.offending(index, check) if outside else ()
+    return verdict(
         outside == 0,
         outside,
         0,
@@ -354,13 +399,12 @@ def _accepted_values(ctx: _Batch, name: str, check: AcceptedValuesCheck) -> Chec
     )
 
 
-def _freshness(ctx: _Batch, name: str, check: FreshnessCheck, now: datetime) -> CheckResult:
+def _freshness(ctx: Measured | _Batch, index: int, verdict: _Verdict, now: datetime) -> CheckResult:
+    check = verdict.check
     column = check.column or C.SOURCE_TIMESTAMP
-    newest_micros = ctx.value("newest", column)
+    newest_micros = ctx.newest_micros(index, check)
     if newest_micros is None:
-        return ctx.result(
-            name,
-            check,
+        return verdict(
             False,
             None,
             check.max_age_seconds,
@@ -368,11 +412,8 @@ def _freshness(ctx: _Batch, name: str, check: FreshnessCheck, now: datetime) -> 
         )
     newest = _EPOCH + timedelta(microseconds=int(newest_micros))
     age = round((now - newest).total_seconds(), 3)
-    passed = age <= check.max_age_seconds
-    return ctx.result(
-        name,
-        check,
-        passed,
+    return verdict(
+        age <= check.max_age_seconds,
         age,
         check.max_age_seconds,
         f"newest {column} is {newest.isoformat()}, {age}s before {now.isoformat()}; "

@@ -1,0 +1,211 @@
+"""Row-level quality checks on the direct path (quality/arrow_checks.py): measured in the tasks,
+judged on the driver before anything is produced, with the results the Spark SQL path gives on
+the same batch (counts, descriptions, sample rows), de-duplicated records taken out of the rows
+as published."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from conftest import consume_raw, create_topic, produce_json, unique_topic
+
+from dpone_dagster.engine.run import run_pipeline
+from dpone_dagster.errors import DataRefused
+from dpone_dagster.manifest import parse_manifest
+from dpone_dagster.manifest.models import AcceptedValuesCheck, FreshnessCheck, NotNullCheck, UniqueCheck
+from dpone_dagster.quality import arrow_checks
+from dpone_dagster.quality.arrow_checks import Tally, Unsettled
+from dpone_dagster.state.local import LocalStateStore
+
+SCHEMA = pa.schema([("id", pa.int64()), ("status", pa.string()), ("seen", pa.string())])
+
+
+def batch(rows: list[dict[str, Any]]) -> list[pa.Array]:
+    table = pa.Table.from_pylist(rows, SCHEMA)
+    return [table.column(i).combine_chunks() for i in range(table.num_columns)]
+
+
+def measure(checks: tuple, tally: Tally, rows: list[dict[str, Any]], partition: int, first_offset: int, deletes: list[bool] | None = None, skip: bool = False) -> None:
+    n = len(rows)
+    is_delete = pa.array(deletes or [False] * n)
+    arrow_checks.measure(
+        checks, tally, batch(rows), SCHEMA.names, is_delete, is_delete if skip else None, partition,
+        pa.array(range(first_offset, first_offset + n), pa.int64()), pa.array([1_000 * (first_offset + i) for i in range(n)], pa.int64()),
+    )
+
+
+def test_counts_samples_and_losers_taken_out_of_the_published_rows():
+    checks, reason = arrow_checks.row_checks(
+        [NotNullCheck(type="not_null", columns=["status", "seen"]), AcceptedValuesCheck(type="accepted_values", column="status", values=["new", "paid", None])],
+        SCHEMA,
+    )
+    assert reason is None
+    tally = Tally()
+    measure(checks, tally, [{"id": 1, "status": None, "seen": "x"}, {"id": 2, "status": "lost", "seen": None}, {"id": 3, "status": "new", "seen": "y"}], 0, 10)
+    other = Tally()
+    measure(checks, other, [{"id": 4, "status": None, "seen": "z"}, {"id": 5, "status": None, "seen": "z"}], 1, 0, deletes=[False, True])
+    tally.add(other)
+    extracted = arrow_checks.measured(checks, tally, "extracted", {})
+    assert extracted.counts == {}  # both checks judge the published rows
+    published = arrow_checks.measured(checks, tally, "published", {})
+    # The delete in partition 1 carries no payload: not counted.
+    assert published.counts == {("null", 0, "status"): 2, ("null", 0, "seen"): 1, ("outside", 1): 1}
+    assert [r["id"] for r in published.samples[0]] == [1, 2, 4]
+    # Partition 0 offset 10 and partition 1 offset 0 were left out by de-duplication.
+    deduped = arrow_checks.measured(checks, tally, "published", {0: np.array([10]), 1: np.array([0])})
+    assert deduped.counts == {("null", 0, "status"): 0, ("null", 0, "seen"): 1, ("outside", 1): 1}
+    assert [r["id"] for r in deduped.samples[0]] == [2]
+
+
+def test_freshness_takes_the_newest_value_left_and_says_when_it_cannot():
+    checks, _ = arrow_checks.row_checks([FreshnessCheck(type="freshness", max_age_seconds=60), FreshnessCheck(type="freshness", column="seen", max_age_seconds=60, stage="extracted")], SCHEMA)
+    tally = Tally()
+    rows = [{"id": i, "status": "new", "seen": f"2024-01-0{1 + i % 9}T00:00:00"} for i in range(200)]
+    measure(checks, tally, rows, 0, 0)
+    assert arrow_checks.measured(checks, tally, "published", {}).newest[0] == 199 * 1_000_000
+    assert arrow_checks.measured(checks, tally, "extracted", {}).newest[1] == 1_704_758_400_000_000  # 2024-01-09: i % 9 == 8
+    # The newest left out: the next one is among the kept values.
+    assert arrow_checks.measured(checks, tally, "published", {0: np.array([199])}).newest[0] == 198 * 1_000_000
+    # Every kept value left out: the newest left cannot be told from what was kept.
+    every = {0: np.arange(200 - arrow_checks.NEWEST_KEPT, 200)}
+    with pytest.raises(Unsettled):
+        arrow_checks.measured(checks, tally, "published", every)
+
+
+def test_skipped_deletes_count_for_an_extracted_freshness_only():
+    checks, _ = arrow_checks.row_checks(
+        [FreshnessCheck(type="freshness", max_age_seconds=60), FreshnessCheck(type="freshness", max_age_seconds=60, stage="extracted")], SCHEMA
+    )
+    tally = Tally()
+    measure(checks, tally, [{"id": 1}, {"id": 2}], 0, 0, deletes=[False, True], skip=True)
+    assert arrow_checks.measured(checks, tally, "published", {}).newest[0] == 0
+    assert arrow_checks.measured(checks, tally, "extracted", {}).newest[1] == 1_000_000
+
+
+def test_too_many_offending_rows_with_repeated_keys_are_unsettled(monkeypatch):
+    monkeypatch.setattr(arrow_checks, "POSITIONS_KEPT", 3)
+    checks, _ = arrow_checks.row_checks([NotNullCheck(type="not_null", columns=["status"])], SCHEMA)
+    tally = Tally()
+    measure(checks, tally, [{"id": i} for i in range(5)], 0, 0)
+    assert arrow_checks.measured(checks, tally, "published", {}).counts == {("null", 0, "status"): 5}
+    with pytest.raises(Unsettled):
+        arrow_checks.measured(checks, tally, "published", {0: np.array([4])})
+
+
+def test_what_the_tasks_cannot_measure_as_spark_sql_would_is_named():
+    def reason(check: Any) -> str | None:
+        return arrow_checks.row_checks([check], SCHEMA)[1]
+
+    # unique: only on the columns each message's key is made of (every key is published once).
+    assert reason(UniqueCheck(type="unique", columns=["id"])).startswith("quality check unique")
+    assert arrow_checks.row_checks([UniqueCheck(type="unique", columns=["id"])], SCHEMA, ("id",))[1] is None
+    assert arrow_checks.row_checks([UniqueCheck(type="unique", columns=["id"], stage="extracted")], SCHEMA, ("id",))[1] is not None
+    assert arrow_checks.row_checks([UniqueCheck(type="unique", columns=["status"])], SCHEMA, ("id",))[1] is not None
+    assert reason(NotNullCheck(type="not_null", columns=["nope"])) == "quality check column(s) ['nope'] not in the batch"
+    assert "another type" in reason(AcceptedValuesCheck(type="accepted_values", column="id", values=["1"]))
+    assert "another type" in reason(AcceptedValuesCheck(type="accepted_values", column="id", values=[True]))
+    assert reason(AcceptedValuesCheck(type="accepted_values", column="id", values=[1, None])) is None
+    assert "int64 column" in reason(FreshnessCheck(type="freshness", column="id", max_age_seconds=1))
+
+
+# --------------------------------------------------------------------------- both paths, one batch
+
+
+def manifest_text(src: str, dst: str, state: Path, strategy: str, quality: str, sink_options: str = "") -> str:
+    return f"""
+name: checks_{dst}
+source:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {src}
+  options: {{group_id: g_{dst}}}
+sink:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {dst}
+  strategy: {strategy}
+  options: {{{sink_options}}}
+state: {{type: local, path: "{state}"}}
+quality:
+{quality}
+"""
+
+
+def comparable(gate: dict[str, Any]) -> dict[str, Any]:
+    """A gate without what depends on the moment it ran (a freshness age)."""
+    if gate["check_type"] != "freshness":
+        return gate
+    return {**gate, "observed": None, "description": gate["description"].split(", ")[0]}
+
+
+def run_on_both(bs: str, spark: Any, src: str, tmp_path: Path, monkeypatch: Any, strategy: str, quality: str, sink_options: str = "") -> tuple[Any, Any]:
+    out = []
+    for path in ("direct", "spark_sql"):
+        if path == "spark_sql":
+            monkeypatch.setenv("DPONE_DIRECT_PATH", "off")
+        dst = unique_topic(f"c_{path}")
+        create_topic(bs, dst, 2)
+        out.append(run_pipeline(parse_manifest(manifest_text(src, dst, tmp_path / path, strategy, quality, sink_options)), spark))
+    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+    return out[0], out[1]
+
+
+WARN_CHECKS = """  mode: warn
+  checks:
+    - {type: not_null, columns: [status, amount]}
+    - {type: not_null, columns: [status], stage: extracted}
+    - {type: accepted_values, column: status, values: [new, paid]}
+    - {type: accepted_values, column: amount, values: [1.5, 2, null]}
+    - {type: freshness, max_age_seconds: 60}
+    - {type: freshness, column: seen, max_age_seconds: 60, stage: extracted}
+    - {type: min_rows, threshold: 10}
+    - {type: unique, columns: [order_id]}
+"""
+
+
+def test_the_checks_judge_what_the_spark_sql_path_judges(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """Keys repeat across partitions, and the records keep_last leaves out hold nulls and values
+    outside the accepted ones: the published rows' results must not count them."""
+    bs = broker.bootstrap_servers
+    src = unique_topic("csrc")
+    create_topic(bs, src, 2)
+    for p in range(2):
+        rows = [
+            {
+                "order_id": i % 40,
+                "status": [None, "new", "paid", "lost"][i % 4] if i < 40 or p == 1 else "new",
+                "amount": [1.5, 2.0, None, 3.25][(i + p) % 4],
+                "seen": f"2024-0{1 + i % 9}-15T10:00:00",
+                "nested": {"a": i, "tags": [f"t{i}"]},
+            }
+            for i in range(60)
+        ]
+        produce_json(bs, src, rows, partition=p, timestamps=[1_700_000_000_000 + 1_000 * i + p for i in range(60)])
+    direct, sql = run_on_both(bs, spark, src, tmp_path, monkeypatch, "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}", WARN_CHECKS)
+    assert direct.execution_path == "direct" and sql.execution_path == "spark_sql"
+    assert direct.duplicates_removed == sql.duplicates_removed == 80
+    for d, s in zip(direct.gates, sql.gates, strict=True):
+        assert comparable(d) == comparable(s), (d, s)
+    by_name = {g["name"]: g for g in direct.gates}
+    # 25 null statuses were read; the 40 records kept (the last of each key, all in partition 1) hold 10.
+    assert by_name["not_null_status_extracted"]["observed"] == 25
+    published = by_name["not_null_status_amount"]
+    assert published["description"].startswith("null values (status: 10, ") and len(published["failing_sample"]) == 5
+
+
+def test_a_failing_check_stops_the_direct_path_before_anything_is_produced(broker, spark, kafka_env, tmp_path):
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("csrc"), unique_topic("cdst")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    produce_json(bs, src, [{"order_id": i, "status": "new" if i != 7 else "lost"} for i in range(20)], partition=0)
+    quality = "  mode: fail\n  checks: [{type: accepted_values, column: status, values: [new]}]"
+    manifest = parse_manifest(manifest_text(src, dst, tmp_path, "{mode: incremental_append, unique_key: order_id}", quality))
+    with pytest.raises(DataRefused, match="1 row"):
+        run_pipeline(manifest, spark)
+    assert consume_raw(bs, dst) == []
+    assert LocalStateStore(str(tmp_path)).load_offsets(src, f"g_{dst}") == {}
