@@ -792,10 +792,26 @@ def test_time_windows_count_late_records_as_the_spark_sql_path_does(broker, spar
             run_pipeline(parse_manifest(window_manifest(src, failing, tmp_path / f"{path}_fail", ", late_records: fail")), spark, RunRequest(windows=windows))
         assert consume_raw(bs, failing) == []
         assert LocalStateStore(str(tmp_path / f"{path}_fail")).load_windows(src, f"dpone.windows_{src}") == {}
+
+        # dead_letter: the late records leave the batch and reach the dead-letter topic.
+        held, dlq = unique_topic(f"dwh_{path}"), unique_topic(f"dwl_{path}")
+        create_topic(bs, held, 2)
+        create_topic(bs, dlq, 1)
+        text = window_manifest(src, held, tmp_path / f"{path}_held", ", late_records: dead_letter", f"    dead_letter: {{topic: {dlq}}}")
+        result = run_pipeline(parse_manifest(text), spark, RunRequest(windows=windows))
+        assert result.execution_path == path
+        letters = sorted((r["key"], r["value"], tuple((k, v) for k, v in r["headers"] if k != "dpone.error.run_id")) for r in consume_raw(bs, dlq))
+        windows_stored = LocalStateStore(str(tmp_path / f"{path}_held")).load_windows(src, f"dpone.windows_{src}")
+        stored = {start: {k: v for k, v in w.items() if k != "run_id"} for start, w in windows_stored.items()}
+        outcomes[f"{path}_held"] = (result.rows_extracted, result.messages_produced, messages(consume_raw(bs, held)), letters, stored)
     assert outcomes["direct"] == outcomes["spark_sql"]
     total, late, delivered = outcomes["direct"]
     assert total == 2 and late == {"2024-03-01T00:00:00+00:00": 0, "2024-03-01T01:00:00+00:00": 2}
     assert sum(delivered.values()) == 12  # hour 2's records (02:05, 02:10, 02:30) wait for their window
+    assert outcomes["direct_held"] == outcomes["spark_sql_held"]
+    rows, produced, kept, letters, stored = outcomes["direct_held"]
+    assert rows == produced == sum(kept.values()) == 10 and len(letters) == 2 and stored
+    assert sorted(json.loads(value)["m"] for _, value, _ in letters) == [10, 55]
 
 
 def test_a_producing_task_stops_at_its_bound_whatever_the_broker_does(monkeypatch):

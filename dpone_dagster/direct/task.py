@@ -80,6 +80,8 @@ class DirectSettings:
     # A registry-framed source: the subject's schemas the values are decoded with (None: JSON).
     registry_source: RegistryPlan | None = None
     row_checks: tuple[RowCheck, ...] = ()  # the quality checks measured on the decoded rows
+    # late_records: dead_letter: late records are left out of the batch (the driver sends them).
+    hold_back_late: bool = False
 
 
 @dataclass(frozen=True)
@@ -199,14 +201,13 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
         for piece in slices:
             with _SpillWriter(spill_path(settings, piece)) as spill:
                 for raw in read_one_range(settings.reader, *piece):
+                    raw, found_late = _screen_late(settings, piece[1], raw)
+                    for index, n in found_late.items():
+                        late[index] = late.get(index, 0) + n
                     if settings.registry_source is not None:
                         ids |= registry_source.schema_ids(raw.column("value"))
                     messages, found = shape(settings, raw, piece[1], tally)
                     deletes += found
-                    if settings.windows:
-                        offsets, stamps = messages.column("offset").to_numpy(), messages.column("timestamp").to_numpy()
-                        for index, n in late_counts(settings.windows, piece[1], offsets, stamps).items():
-                            late[index] = late.get(index, 0) + n
                     value_lengths = pc.binary_length(messages.column("value"))  # a tombstone: none, nor a frame
                     value_lengths = pc.fill_null(pc.add(value_lengths, settings.frame_bytes), 0)
                     lengths = pc.add(value_lengths, _key_lengths(messages))
@@ -225,10 +226,21 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
     return ScanReport(rows, size, None, TaskHashes.of(hashes) if settings.hashed else None, late, deletes, frozenset(ids), tally)
 
 
-def late_counts(windows: tuple[WindowRange, ...], partition: int, offsets: np.ndarray, stamps: np.ndarray) -> dict[int, int]:
-    """Late records of one partition per window index (pure): a record is late in the first window,
-    in order, whose range holds its offset and whose start is after its timestamp, the rule of
-    the Spark SQL path (sources/kafka.late_window)."""
+def _screen_late(settings: DirectSettings, partition: int, raw: pa.RecordBatch) -> tuple[pa.RecordBatch, dict[int, int]]:
+    """The late records of a time-window read per window index, and the batch without them when
+    they are held back for the dead-letter topic (as the Spark SQL path leaves them out)."""
+    if not settings.windows:
+        return raw, {}
+    late, counts = late_records(settings.windows, partition, raw.column("offset").to_numpy(), raw.column("timestamp").to_numpy())
+    if settings.hold_back_late and counts:
+        raw = raw.filter(pa.array(~late))
+    return raw, counts
+
+
+def late_records(windows: tuple[WindowRange, ...], partition: int, offsets: np.ndarray, stamps: np.ndarray) -> tuple[np.ndarray, dict[int, int]]:
+    """Which records of one partition are late, and how many per window index (pure): a record is
+    late in the first window, in order, whose range holds its offset and whose start is after its
+    timestamp, the rule of the Spark SQL path (sources/kafka.late_window)."""
     counted = np.zeros(len(offsets), bool)
     out: dict[int, int] = {}
     for index, window_partition, start, end, start_ms in windows:
@@ -238,7 +250,12 @@ def late_counts(windows: tuple[WindowRange, ...], partition: int, offsets: np.nd
         counted |= late
         if late.any():
             out[index] = out.get(index, 0) + int(late.sum())
-    return out
+    return counted, out
+
+
+def late_counts(windows: tuple[WindowRange, ...], partition: int, offsets: np.ndarray, stamps: np.ndarray) -> dict[int, int]:
+    """Late records of one partition per window index (late_records)."""
+    return late_records(windows, partition, offsets, stamps)[1]
 
 
 def _header_bytes(settings: DirectSettings, partition: int, messages: pa.RecordBatch) -> np.ndarray:
@@ -349,7 +366,7 @@ def _messages(settings: DirectSettings, piece: Slice) -> Iterator[pa.RecordBatch
         source = pa.memory_map(path)
     except FileNotFoundError:
         for raw in read_one_range(settings.reader, *piece):
-            yield shape(settings, raw)[0]
+            yield shape(settings, _screen_late(settings, piece[1], raw)[0])[0]
         return
     with source:
         reader = ipc.open_file(source)

@@ -16,7 +16,8 @@ does the same work in the Python tasks, in the same order of guarantees:
    Repeated keys are settled on the keys themselves (direct/keys.py); keep_last / keep_first pick
    the same record as the Spark SQL path (source order: timestamp, partition, offset).
    A time window's late records are counted in the scan and judged by its policy (fail stops
-   the run here; dead_letter, which holds records back, takes the Spark SQL path).
+   the run here; dead_letter leaves them out of the scan's messages and holds them back for the
+   dead-letter topic, sent at the commit before the state moves, as on the Spark SQL path).
 3. gates: min_rows on the counts, and not_null, accepted_values and freshness on what the scan
    measured of the decoded rows (quality/arrow_checks.py), before anything is produced.
 4. produce (engine/direct_load.py, direct/task.py): the tasks produce their kept messages, the
@@ -91,8 +92,6 @@ def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
         return format_reason
     if planned.boundary.method not in ("offsets", "max_records", "time_window"):
         return f"read_mode {planned.boundary.method}"
-    if isinstance(planned.source, LateRecordScreen) and planned.source.policy == "dead_letter":
-        return "late_records: dead_letter"
     if isinstance(planned.source, LateRecordScreen) and not sink.options.deletes.enabled and sink.options.deletes.when_disabled == "skip":
         return "deletes.when_disabled: skip in a time window (late records count the deletes too)"
     if not planned.boundary.total:
@@ -145,7 +144,9 @@ def copy(
             source_notes = _decoded_as_planned(planned, settings, reports)
             if isinstance(planned.source, LateRecordScreen):  # the policy fails the run here, before producing
                 late = {w["start"]: sum(r.late.get(i, 0) for r in reports) for i, w in enumerate(boundary.windows)}
-                judge_late_records(planned.source.policy, late, result, log)
+                total = judge_late_records(planned.source.policy, late, result, log)
+                if total and settings.hold_back_late:  # left out by the scan; sent before the state moves
+                    planned.source.hold_back(spark, boundary, total, {w: n for w, n in late.items() if n}, log)
         rows = result.rows_extracted = sum(r.rows for r in reports)
         tally = Tally()
         for report in reports:
@@ -293,6 +294,7 @@ def _settings(
             source_key_for_deletes=sink.options.key.mode == "unique_key",
             delete_envelope=envelope_parts(C.DELETE, sink.strategy.mode, run_id, {"topic": source.topic}),
             row_checks=row_checks,
+            hold_back_late=isinstance(planned.source, LateRecordScreen) and planned.source.policy == "dead_letter",
         ),
         prepared,
         None,

@@ -99,6 +99,12 @@ class LateRecordScreen:
         self.result.notes.append(f"{count} late record(s) sent to {self.source.options.dead_letter.topic}")
 
     def _hold_back(self, spark: SparkSession, boundary: Boundary, total: int, where: dict[str, int], log: Log) -> ExtractResult:
+        self.hold_back(spark, boundary, total, where, log)
+        return _without_late(self.source.extract(spark, boundary, log), boundary)
+
+    def hold_back(self, spark: SparkSession, boundary: Boundary, total: int, where: dict[str, int], log: Log) -> None:
+        """Hold the `total` late records of `boundary` back for the dead-letter topic (sent by
+        send_dead_letters, with their reason); the caller leaves them out of the batch."""
         options = self.source.options.dead_letter
         assert options is not None  # the manifest validation asks for it
         # The topic is checked (or created) before anything is produced: a missing dead-letter
@@ -122,7 +128,6 @@ class LateRecordScreen:
         self._letters = (raw, bad, total)
         self.result.notes.append(f"{total} late record(s) held back for {options.topic}: {where}")
         log(f"extract: {self.result.notes[-1]}")
-        return _without_late(self.source.extract(spark, boundary, log), boundary)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.source, name)  # plan, sample_values, ...: the source's own
