@@ -404,7 +404,6 @@ def test_what_only_spark_sql_does_goes_there_before_anything_is_produced(broker,
     bs = broker.bootstrap_servers
     keyed = "{mode: incremental_append, unique_key: order_id}"
     cases = {  # reason: (the odd record, source options, sink options, strategy)
-        "a value that is not JSON": (b"{not json", "on_error: skip", "", keyed),
         "a field beyond the schema sample": ({"order_id": 5_000, "amount": 1.5, "blob": "", "extra": 1}, "", "", keyed),
         "a double Java prints differently": ({"order_id": 5_000, "amount": 6.960309306789904e18, "blob": ""}, "", "", keyed),
         "a message over message.max.bytes": (
@@ -846,3 +845,51 @@ def test_a_producing_task_stops_at_its_bound_whatever_the_broker_does(monkeypatc
     finally:
         os.kill(broker._process.pid, signal.SIGCONT)
         broker.stop()
+
+
+@pytest.mark.parametrize("on_error", ["skip", "dead_letter"])
+def test_undecodable_records_follow_on_error_as_on_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch, on_error):
+    """Corrupt values in two partitions, one of them past the schema sample: the direct path sets
+    them aside, Spark's decoder judges them, and both paths deliver, skip or dead-letter alike."""
+    bs = broker.bootstrap_servers
+    src = unique_topic("dbsrc")
+    create_topic(bs, src, 2)
+    for p in range(2):
+        rows: list[Any] = [{"order_id": p * 10_000 + i, "amount": 1.5} for i in range(1_200)]
+        for i in (3, 1_100) if p == 0 else (700,):
+            rows[i] = b"{not json" if i != 700 else b'{"order_id": 5'
+        produce_json(bs, src, rows, partition=p)
+    outcomes = {}
+    for path in ("direct", "spark_sql"):
+        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
+        dst, dlq = unique_topic(f"db_{path}"), unique_topic(f"dbl_{path}")
+        create_topic(bs, dst, 2)
+        create_topic(bs, dlq, 1)
+        text = manifest_text(src, dst, tmp_path / path, "{mode: incremental_append, unique_key: order_id}")
+        text = text.replace("options: {group_id:", f"options: {{on_error: {on_error}, dead_letter: {{topic: {dlq}}}, group_id:")
+        result = run_pipeline(parse_manifest(text), spark)
+        assert result.execution_path == path, result.notes
+        own = ("dpone.error.run_id", "dpone.error.pipeline")  # the run's and the manifest's names
+        letters = sorted((r["key"], r["value"], tuple((k, v) for k, v in r["headers"] if k not in own)) for r in consume_raw(bs, dlq))
+        outcomes[path] = (
+            result.rows_extracted, result.rows_dead_lettered, result.rows_skipped, result.messages_produced,
+            result.committed_offsets, messages(consume_raw(bs, dst)), letters,
+        )
+    assert outcomes["direct"] == outcomes["spark_sql"]
+    extracted, lettered, skipped, produced, offsets, _, letters = outcomes["direct"]
+    assert extracted == 2_400 and produced == 2_397 and offsets == {0: 1_200, 1: 1_200}
+    assert (lettered, skipped, len(letters)) == ((3, 0, 3) if on_error == "dead_letter" else (0, 3, 0))
+
+
+def test_undecodable_records_fail_the_run_before_anything_is_produced(broker, spark, kafka_env, tmp_path):
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("dbsrc"), unique_topic("dbdst")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    produce_json(bs, src, [{"order_id": i} if i != 40 else b"{not json" for i in range(100)], partition=0)
+    manifest = parse_manifest(manifest_text(src, dst, tmp_path, "{mode: incremental_append, unique_key: order_id}"))
+    with pytest.raises(DataRefused, match=r"1 record\(s\) of .* could not be decoded \(partition@offset: 0@40"):
+        run_pipeline(manifest, spark)
+    assert consume_raw(bs, dst) == []
+    assert LocalStateStore(str(tmp_path)).load_offsets(src, f"g_{dst}") == {}
+    assert task.undecodable(pa.array([b'{"a": 1}', b"{", None, b'{"a": "x"}', b'{"a": 2}'], pa.binary()), pa.schema([("a", pa.int64())])).tolist() == [False, True, False, True, False]

@@ -82,6 +82,9 @@ class DirectSettings:
     row_checks: tuple[RowCheck, ...] = ()  # the quality checks measured on the decoded rows
     # late_records: dead_letter: late records are left out of the batch (the driver sends them).
     hold_back_late: bool = False
+    # Flat JSON: records the task decoder does not read are set aside for the driver to judge by
+    # source.options.on_error, with Spark's own decoder (at most UNDECODABLE_KEPT a task).
+    screen_undecodable: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,10 +99,18 @@ class ScanReport:
     deletes: int = 0  # deletes in the slices (left out of the messages when skipped)
     schema_ids: frozenset[int] = frozenset()  # a registry source: the schema ids its values carry
     checks: Tally | None = None  # the row-level quality checks' measures
+    undecodable: pa.Table | None = None  # raw records the task decoder did not read (screen_undecodable)
 
 
 class Refused(Exception):
     """A record the direct path leaves to the Spark SQL path (its reason is the message)."""
+
+
+class Undecodable(Refused):
+    """A flat JSON value the task decoder does not read (corrupt, another type, or drift)."""
+
+
+UNDECODABLE_KEPT = 10_000  # raw records a scan task sets aside for the driver; more: Spark SQL
 
 
 def shape(settings: DirectSettings, raw: pa.RecordBatch, partition: int = 0, tally: Tally | None = None) -> tuple[pa.RecordBatch, int]:
@@ -185,8 +196,40 @@ def _decoded(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBa
             raise Refused(f"a value the registry decoder leaves to Spark ({exc})") from exc
     columns = arrow_json.decode_values(values, settings.schema)
     if columns is None:
-        raise Refused("a value the task decoder leaves to Spark (corrupt, another type, or a field beyond the schema)")
+        raise Undecodable("a value the task decoder leaves to Spark (corrupt, another type, or a field beyond the schema)")
     return raw, columns, tombstone
+
+
+def _shaped(settings: DirectSettings, raw: pa.RecordBatch, partition: int, tally: Tally | None = None) -> tuple[pa.RecordBatch, int, pa.RecordBatch | None]:
+    """`shape`, with the records the task decoder does not read set aside (screen_undecodable):
+    the messages, the deletes, and the raw records set aside (None when there are none)."""
+    try:
+        return (*shape(settings, raw, partition, tally), None)
+    except Undecodable:
+        if not settings.screen_undecodable:
+            raise
+    bad = pa.array(undecodable(raw.column("value"), settings.schema))
+    if not pc.any(bad).as_py():
+        raise Refused("a batch the task decoder reads record by record but not whole")
+    messages, deletes = shape(settings, raw.filter(pc.invert(bad)), partition, tally)
+    return messages, deletes, raw.filter(bad)
+
+
+def undecodable(values: pa.Array, schema: pa.Schema) -> np.ndarray:
+    """Which values the task decoder does not read (pure): halves of a failing range are tried
+    until single records are left, so a batch with few bad records costs few decodes."""
+    out = np.zeros(len(values), bool)
+    ranges = [(0, len(values))]
+    while ranges:
+        low, high = ranges.pop()
+        if high <= low or arrow_json.decode_values(values.slice(low, high - low), schema) is not None:
+            continue
+        if high - low == 1:
+            out[low] = True
+            continue
+        middle = (low + high) // 2
+        ranges += [(low, middle), (middle, high)]
+    return out
 
 
 def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
@@ -196,6 +239,7 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
     ids: set[int] = set()
     late: dict[int, int] = {}
     tally = Tally() if settings.row_checks else None
+    set_aside: list[pa.RecordBatch] = []
     sweep_stale_spills(settings)
     try:
         for piece in slices:
@@ -206,8 +250,13 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                         late[index] = late.get(index, 0) + n
                     if settings.registry_source is not None:
                         ids |= registry_source.schema_ids(raw.column("value"))
-                    messages, found = shape(settings, raw, piece[1], tally)
+                    messages, found, bad = _shaped(settings, raw, piece[1], tally)
                     deletes += found
+                    if bad is not None:
+                        set_aside.append(bad)
+                        rows += bad.num_rows  # extracted, as on the Spark SQL path
+                        if sum(b.num_rows for b in set_aside) > UNDECODABLE_KEPT:
+                            raise Refused(f"more than {UNDECODABLE_KEPT} records a task decoder does not read")
                     value_lengths = pc.binary_length(messages.column("value"))  # a tombstone: none, nor a frame
                     value_lengths = pc.fill_null(pc.add(value_lengths, settings.frame_bytes), 0)
                     lengths = pc.add(value_lengths, _key_lengths(messages))
@@ -223,7 +272,10 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                     size += int(pc.sum(lengths).as_py() or 0)
     except Refused as exc:
         return ScanReport(rows, size, str(exc))
-    return ScanReport(rows, size, None, TaskHashes.of(hashes) if settings.hashed else None, late, deletes, frozenset(ids), tally)
+    return ScanReport(
+        rows, size, None, TaskHashes.of(hashes) if settings.hashed else None, late, deletes, frozenset(ids), tally,
+        pa.Table.from_batches(set_aside) if set_aside else None,
+    )
 
 
 def _screen_late(settings: DirectSettings, partition: int, raw: pa.RecordBatch) -> tuple[pa.RecordBatch, dict[int, int]]:
@@ -366,7 +418,7 @@ def _messages(settings: DirectSettings, piece: Slice) -> Iterator[pa.RecordBatch
         source = pa.memory_map(path)
     except FileNotFoundError:
         for raw in read_one_range(settings.reader, *piece):
-            yield shape(settings, _screen_late(settings, piece[1], raw)[0])[0]
+            yield _shaped(settings, _screen_late(settings, piece[1], raw)[0], piece[1])[0]
         return
     with source:
         reader = ipc.open_file(source)

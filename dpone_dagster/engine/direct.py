@@ -39,16 +39,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from dpone_dagster import columns as C
 from dpone_dagster.direct import task
 from dpone_dagster.direct.keys import candidates
 from dpone_dagster.engine import direct_registry
+from dpone_dagster.engine.bad_records import handle_bad_records
 from dpone_dagster.engine.direct_load import produce_all, storing_rule
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.stages.gates import pre_publish_gates
-from dpone_dagster.engine.stages.load import Delivered, check_delivery, producer_settings
+from dpone_dagster.engine.stages.load import (
+    Delivered,
+    check_delivery,
+    producer_settings,
+    publish_dead_letters,
+)
 from dpone_dagster.engine.stages.shape import deletes_disabled
 from dpone_dagster.engine.stages.timing import Log, stage
 from dpone_dagster.engine.time_windows import LateRecordScreen, judge_late_records
@@ -60,9 +67,12 @@ from dpone_dagster.quality import arrow_checks
 from dpone_dagster.quality.arrow_checks import Tally
 from dpone_dagster.shape.envelope import envelope_parts
 from dpone_dagster.shape.headers import HeaderSpec
+from dpone_dagster.sinks.dead_letters import DeadLetters
 from dpone_dagster.sinks.registry import PreparedSchema
 from dpone_dagster.sources.kafka import KafkaBatchSource
+from dpone_dagster.sources.kafka_reader import RAW_SCHEMA
 from dpone_dagster.spark import arrow_json
+from dpone_dagster.spark.decode import decode_json
 from dpone_dagster.spark.jobs import MARGIN_S, BoundedJobs, deadline_s, waves
 from dpone_dagster.spark.registry_codec import nullable_schema
 from dpone_dagster.spark.session import is_connect
@@ -142,6 +152,7 @@ def copy(
             if refused is not None:
                 raise _ToSparkSql(refused)
             source_notes = _decoded_as_planned(planned, settings, reports)
+            letters, bad = _judge_undecodable(manifest, spark, planned, reports, result, sink_config)
             if isinstance(planned.source, LateRecordScreen):  # the policy fails the run here, before producing
                 late = {w["start"]: sum(r.late.get(i, 0) for r in reports) for i, w in enumerate(boundary.windows)}
                 total = judge_late_records(planned.source.policy, late, result, log)
@@ -160,7 +171,7 @@ def copy(
             if settings.deletes == "skip":
                 result.deletes_skipped = deletes
             skip, removed = _settle_repeated_keys(manifest, spark, jobs, settings, groups, found, read_bound)
-            removed += result.deletes_skipped  # left out of the messages either way
+            removed += result.deletes_skipped + bad  # left out of the messages either way
             _gates(manifest, planned, settings, tally, skip, result, rows - removed, "quality_published", "published", log)
     except _ToSparkSql as exc:
         _remove_spills(spark, jobs, settings, groups)
@@ -168,7 +179,7 @@ def copy(
         del result.notes[noted:]
         attempt = sum(result.timings.pop(name, 0.0) for name in ("extract", "quality_pre", "shape", "quality_published"))
         result.timings["direct_attempt"] = round(attempt, 3)
-        result.rows_extracted = result.deletes_skipped = 0
+        result.rows_extracted = result.deletes_skipped = result.rows_dead_lettered = result.rows_skipped = 0
         result.notes.append(f"direct path: the batch went to the Spark SQL path: {exc}")
         log(f"direct path: handing the batch to the Spark SQL path ({exc})")
         return None
@@ -176,13 +187,14 @@ def copy(
         _remove_spills(spark, jobs, settings, groups)
         raise
     result.notes.extend(source_notes)
-    result.duplicates_removed = removed - result.deletes_skipped
+    result.duplicates_removed = removed - result.deletes_skipped - bad
     result.execution_path = "direct"
     producer = producer_settings(manifest, sink_config)
-    checkpoint = storing_rule(manifest, planned.checkpoint, removed - result.deletes_skipped, result)
+    checkpoint = storing_rule(manifest, planned.checkpoint, result.duplicates_removed, result)
     try:
         if prepared is not None:  # every gate passed: the schema may be registered now
             settings = replace(settings, value_prefix=direct_registry.register(manifest, prepared, registry_config, result))
+        publish_dead_letters(letters, result, log)  # the output leaves, letters first
         with stage(result, "load", log):
             rows_of_stats = produce_all(jobs, slots, settings, producer, groups, skip, boundary, checkpoint, log, result)
         stats = aggregate(rows_of_stats)
@@ -191,6 +203,34 @@ def copy(
         _remove_spills(spark, jobs, settings, groups)
         raise
     return Delivered(stats, rows - removed)
+
+
+def _judge_undecodable(
+    manifest: Manifest, spark: SparkSession, planned: PlannedRead, reports: list[task.ScanReport], result: RunResult, sink_config: dict
+) -> tuple[DeadLetters | None, int]:
+    """The records the tasks set aside, judged by Spark's own decoder as the Spark SQL path
+    decodes them: corrupt ones follow source.options.on_error (fail raises here, before anything
+    is produced; dead letters are sent once the gates passed); a record Spark reads (drift, a type
+    the task decoder does not write) sends the batch to the Spark SQL path. Returns the dead
+    letters to send and how many records left the batch."""
+    tables = [r.undecodable for r in reports if r.undecodable is not None and r.undecodable.num_rows]
+    if not tables:
+        return None, 0
+    source = _batch_source(planned)
+    assert source is not None
+    plan = source.json_plan(planned.boundary)
+    rows = pa.concat_tables(tables).select(RAW_SCHEMA.fieldNames()).to_pylist()
+    raw = spark.createDataFrame(rows, RAW_SCHEMA)
+    decoded = decode_json(raw, plan.schema, source.options.envelope if source.options.envelope == "auto" else plan.envelope, detect_unknown=True)
+    readable = decoded.where(F.col(C.CORRUPT).isNull()).limit(1).count()
+    if readable:
+        raise _ToSparkSql("a value the task decoder leaves to Spark (another type, or a field beyond the schema)")
+    bad = decoded.select(
+        F.col(C.SOURCE_PARTITION).alias("partition"), F.col(C.SOURCE_OFFSET).alias("offset"), F.col(C.CORRUPT).alias("reason")
+    )
+    letters = DeadLetters(manifest, raw, sink_config)
+    handle_bad_records(manifest, bad, len(rows), letters, result, f"record(s) of {planned.label} could not be decoded")
+    return letters, len(rows)
 
 
 def _decoded_as_planned(planned: PlannedRead, settings: task.DirectSettings, reports: list[task.ScanReport]) -> list[str]:
@@ -295,6 +335,7 @@ def _settings(
             delete_envelope=envelope_parts(C.DELETE, sink.strategy.mode, run_id, {"topic": source.topic}),
             row_checks=row_checks,
             hold_back_late=isinstance(planned.source, LateRecordScreen) and planned.source.policy == "dead_letter",
+            screen_undecodable=source_envelope == "flat" and registry is None,
         ),
         prepared,
         None,
