@@ -115,14 +115,14 @@ def test_what_the_tasks_cannot_measure_as_spark_sql_would_is_named():
 # --------------------------------------------------------------------------- both paths, one batch
 
 
-def manifest_text(src: str, dst: str, state: Path, strategy: str, quality: str, sink_options: str = "") -> str:
+def manifest_text(src: str, dst: str, state: Path, strategy: str, quality: str, sink_options: str = "", source_options: str = "") -> str:
     return f"""
 name: checks_{dst}
 source:
   type: kafka
   connection_id: kafka_cluster
   topic: {src}
-  options: {{group_id: g_{dst}}}
+  options: {{{source_options + ", " if source_options else ""}group_id: g_{dst}}}
 sink:
   type: kafka
   connection_id: kafka_cluster
@@ -142,14 +142,16 @@ def comparable(gate: dict[str, Any]) -> dict[str, Any]:
     return {**gate, "observed": None, "description": gate["description"].split(", ")[0]}
 
 
-def run_on_both(bs: str, spark: Any, src: str, tmp_path: Path, monkeypatch: Any, strategy: str, quality: str, sink_options: str = "") -> tuple[Any, Any]:
+def run_on_both(
+    bs: str, spark: Any, src: str, tmp_path: Path, monkeypatch: Any, strategy: str, quality: str, sink_options: str = "", source_options: str = ""
+) -> tuple[Any, Any]:
     out = []
     for path in ("direct", "spark_sql"):
         if path == "spark_sql":
             monkeypatch.setenv("DPONE_DIRECT_PATH", "off")
         dst = unique_topic(f"c_{path}")
         create_topic(bs, dst, 2)
-        out.append(run_pipeline(parse_manifest(manifest_text(src, dst, tmp_path / path, strategy, quality, sink_options)), spark))
+        out.append(run_pipeline(parse_manifest(manifest_text(src, dst, tmp_path / path, strategy, quality, sink_options, source_options)), spark))
     monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
     return out[0], out[1]
 
@@ -209,3 +211,24 @@ def test_a_failing_check_stops_the_direct_path_before_anything_is_produced(broke
         run_pipeline(manifest, spark)
     assert consume_raw(bs, dst) == []
     assert LocalStateStore(str(tmp_path)).load_offsets(src, f"g_{dst}") == {}
+
+
+def test_records_without_their_key_count_before_de_duplication_only(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """Upserts without their unique key are bad records: the extracted checks see them, the
+    published ones do not, on both paths."""
+    bs = broker.bootstrap_servers
+    src = unique_topic("csrc")
+    create_topic(bs, src, 1)
+    produce_json(bs, src, [{"order_id": i if i % 10 else None, "status": None if i % 5 == 0 else "new"} for i in range(60)], partition=0)
+    quality = """  mode: warn
+  checks:
+    - {type: not_null, columns: [status]}
+    - {type: not_null, columns: [status], stage: extracted}
+"""
+    direct, sql = run_on_both(
+        bs, spark, src, tmp_path, monkeypatch, "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}", quality,
+        source_options="on_error: skip",
+    )
+    assert direct.execution_path == "direct" and direct.rows_skipped == sql.rows_skipped == 6
+    assert direct.gates == sql.gates
+    assert [g["observed"] for g in direct.gates] == [12, 6]  # extracted: every fifth; published: not the keyless

@@ -412,7 +412,6 @@ def test_what_only_spark_sql_does_goes_there_before_anything_is_produced(broker,
             "delivery: {producer_config: {message.max.bytes: 2000}}",
             keyed,
         ),
-        "a record without its unique key": ({"order_id": None, "amount": 1.5, "blob": ""}, "on_error: skip", "", keyed),
         "a key that repeats in an append": ({"order_id": 0, "amount": 1.5, "blob": ""}, "", "", keyed),
     }
     for reason, (odd, source_options, sink_options, strategy) in cases.items():
@@ -847,17 +846,30 @@ def test_a_producing_task_stops_at_its_bound_whatever_the_broker_does(monkeypatc
         broker.stop()
 
 
+BAD_RECORDS = {  # kind: (the bad records at (partition, index), strategy, sink options)
+    "undecodable": ({(0, 3): b"{not json", (0, 1_100): b"{not json", (1, 700): b'{"order_id": 5'}, "{mode: incremental_append, unique_key: order_id}", ""),
+    "keyless": ({(0, 3): {"order_id": None, "amount": 1.5}, (0, 1_100): {"amount": 2.5}, (1, 700): {"order_id": None}},
+                "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}", ""),
+    "oversized": ({(0, 3): {"order_id": 3, "blob": "x" * 3_000}, (0, 1_100): {"order_id": 4, "blob": "y" * 5_000}, (1, 700): {"order_id": 5, "blob": "z" * 2_100}},
+                  "{mode: incremental_append}", "delivery: {producer_config: {message.max.bytes: 2000}}"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_RECORDS))
 @pytest.mark.parametrize("on_error", ["skip", "dead_letter"])
-def test_undecodable_records_follow_on_error_as_on_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch, on_error):
-    """Corrupt values in two partitions, one of them past the schema sample: the direct path sets
-    them aside, Spark's decoder judges them, and both paths deliver, skip or dead-letter alike."""
+def test_bad_records_follow_on_error_as_on_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch, on_error, kind):
+    """Bad records in two partitions, one of them past the schema sample: the direct path sets
+    them aside, judges them by the Spark SQL path's rules (undecodable ones by Spark's own
+    decoder), and both paths deliver, skip or dead-letter alike."""
+    bad, strategy, sink_options = BAD_RECORDS[kind]
     bs = broker.bootstrap_servers
     src = unique_topic("dbsrc")
     create_topic(bs, src, 2)
     for p in range(2):
-        rows: list[Any] = [{"order_id": p * 10_000 + i, "amount": 1.5} for i in range(1_200)]
-        for i in (3, 1_100) if p == 0 else (700,):
-            rows[i] = b"{not json" if i != 700 else b'{"order_id": 5'
+        rows: list[Any] = [{"order_id": p * 10_000 + i, "amount": 1.5, "blob": ""} for i in range(1_200)]
+        for (partition, i), record in bad.items():
+            if partition == p:
+                rows[i] = record
         produce_json(bs, src, rows, partition=p)
     outcomes = {}
     for path in ("direct", "spark_sql"):
@@ -865,7 +877,7 @@ def test_undecodable_records_follow_on_error_as_on_the_spark_sql_path(broker, sp
         dst, dlq = unique_topic(f"db_{path}"), unique_topic(f"dbl_{path}")
         create_topic(bs, dst, 2)
         create_topic(bs, dlq, 1)
-        text = manifest_text(src, dst, tmp_path / path, "{mode: incremental_append, unique_key: order_id}")
+        text = manifest_text(src, dst, tmp_path / path, strategy, sink_options)
         text = text.replace("options: {group_id:", f"options: {{on_error: {on_error}, dead_letter: {{topic: {dlq}}}, group_id:")
         result = run_pipeline(parse_manifest(text), spark)
         assert result.execution_path == path, result.notes

@@ -82,8 +82,8 @@ class DirectSettings:
     row_checks: tuple[RowCheck, ...] = ()  # the quality checks measured on the decoded rows
     # late_records: dead_letter: late records are left out of the batch (the driver sends them).
     hold_back_late: bool = False
-    # Flat JSON: records the task decoder does not read are set aside for the driver to judge by
-    # source.options.on_error, with Spark's own decoder (at most UNDECODABLE_KEPT a task).
+    # Flat JSON: records the task decoder does not read are set aside for the driver to judge with
+    # Spark's own decoder (bad records follow source.options.on_error).
     screen_undecodable: bool = False
 
 
@@ -99,7 +99,8 @@ class ScanReport:
     deletes: int = 0  # deletes in the slices (left out of the messages when skipped)
     schema_ids: frozenset[int] = frozenset()  # a registry source: the schema ids its values carry
     checks: Tally | None = None  # the row-level quality checks' measures
-    undecodable: pa.Table | None = None  # raw records the task decoder did not read (screen_undecodable)
+    # Raw records left out of the messages for the driver to judge as bad records (SET_ASIDE).
+    set_aside: pa.Table | None = None
 
 
 class Refused(Exception):
@@ -110,14 +111,19 @@ class Undecodable(Refused):
     """A flat JSON value the task decoder does not read (corrupt, another type, or drift)."""
 
 
-UNDECODABLE_KEPT = 10_000  # raw records a scan task sets aside for the driver; more: Spark SQL
+# Records a scan task sets aside for the driver (more go to the Spark SQL path): the raw record,
+# why (undecodable: the task decoder does not read it; keyless: an upsert without its unique key;
+# oversized: its message exceeds message.max.bytes) and, when oversized, the message's size.
+SET_ASIDE_KEPT = 10_000
+RAW_NAMES = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
 
 
-def shape(settings: DirectSettings, raw: pa.RecordBatch, partition: int = 0, tally: Tally | None = None) -> tuple[pa.RecordBatch, int]:
+def shape(settings: DirectSettings, raw: pa.RecordBatch, partition: int = 0, tally: Tally | None = None) -> tuple[pa.RecordBatch, int, pa.Array]:
     """The sink's messages of one batch of raw records of `partition` — key, value (JSON as Spark
-    writes it, a registry format, or null for a tombstone), the source offset and timestamp — and
-    how many of the records are deletes; the decoded rows are measured into `tally` when given.
-    Raises Refused for what only the Spark SQL path handles."""
+    writes it, a registry format, or null for a tombstone), the source offset and timestamp — how
+    many of the records are deletes, and the offsets of upserts without their unique key (left
+    out of the messages); the decoded rows are measured into `tally` when given. Raises Refused
+    for what only the Spark SQL path handles."""
     raw, columns, is_delete = _decoded(settings, raw)
     deletes = int(pc.sum(is_delete).as_py() or 0)
     if tally is not None:
@@ -157,12 +163,16 @@ def shape(settings: DirectSettings, raw: pa.RecordBatch, partition: int = 0, tal
             raise Refused("a delete without any key")
     if deletes and settings.deletes == "tombstone":
         value = pc.if_else(is_delete, pa.scalar(None, pa.binary()), value)
-    if settings.key_columns is not None and key.null_count:
-        raise Refused("a record without its unique key (or a delete without any key)")
+    keyless = pa.array([], pa.int64())
+    if settings.key_columns is not None and key.null_count:  # upserts only: a delete has its key by now
+        missing = key.is_null()
+        keyless = raw.column("offset").filter(missing)
+        kept = pc.invert(missing)
+        raw, key, value = raw.filter(kept), key.filter(kept), value.filter(kept)
     arrays = [key, value, raw.column("offset"), raw.column("timestamp")]
     if settings.headers is not None and settings.headers.replicate:
-        return pa.RecordBatch.from_arrays([*arrays, raw.column("headers")], names=[*MESSAGE_SCHEMA.names, SOURCE_HEADERS]), deletes
-    return pa.RecordBatch.from_arrays(arrays, names=MESSAGE_SCHEMA.names), deletes
+        return pa.RecordBatch.from_arrays([*arrays, raw.column("headers")], names=[*MESSAGE_SCHEMA.names, SOURCE_HEADERS]), deletes, keyless
+    return pa.RecordBatch.from_arrays(arrays, names=MESSAGE_SCHEMA.names), deletes, keyless
 
 
 DELETE_OPS = ("delete", "d", "DELETE", "D")  # as the Spark SQL path reads them (spark/decode.py)
@@ -200,19 +210,53 @@ def _decoded(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBa
     return raw, columns, tombstone
 
 
-def _shaped(settings: DirectSettings, raw: pa.RecordBatch, partition: int, tally: Tally | None = None) -> tuple[pa.RecordBatch, int, pa.RecordBatch | None]:
-    """`shape`, with the records the task decoder does not read set aside (screen_undecodable):
-    the messages, the deletes, and the raw records set aside (None when there are none)."""
+def _kept_messages(
+    settings: DirectSettings, partition: int, raw: pa.RecordBatch, tally: Tally | None = None
+) -> tuple[pa.RecordBatch, int, pa.Array, pa.RecordBatch | None]:
+    """`shape`, with bad records set aside (SET_ASIDE): the messages, the deletes, the messages'
+    sizes, and the raw records set aside (None when there are none)."""
+    aside = []
     try:
-        return (*shape(settings, raw, partition, tally), None)
+        messages, deletes, keyless = shape(settings, raw, partition, tally)
     except Undecodable:
         if not settings.screen_undecodable:
             raise
-    bad = pa.array(undecodable(raw.column("value"), settings.schema))
-    if not pc.any(bad).as_py():
-        raise Refused("a batch the task decoder reads record by record but not whole")
-    messages, deletes = shape(settings, raw.filter(pc.invert(bad)), partition, tally)
-    return messages, deletes, raw.filter(bad)
+        bad = pa.array(undecodable(raw.column("value"), settings.schema))
+        if not pc.any(bad).as_py():
+            raise Refused("a batch the task decoder reads record by record but not whole") from None
+        aside.append(_aside(raw, bad, "undecodable"))
+        raw = raw.filter(pc.invert(bad))
+        messages, deletes, keyless = shape(settings, raw, partition, tally)
+    if len(keyless):
+        aside.append(_aside(raw, pc.is_in(raw.column("offset"), value_set=keyless), "keyless"))
+    lengths = _lengths(settings, partition, messages)
+    over = pc.greater(lengths, settings.max_message_bytes)
+    if pc.any(over).as_py():
+        if settings.hashed:  # the Spark SQL path measures after de-duplication: the winners only
+            largest = pc.max(lengths).as_py()
+            raise Refused(f"a message of {largest} bytes exceeds message.max.bytes {settings.max_message_bytes}")
+        aside.append(_aside(raw, pc.is_in(raw.column("offset"), value_set=messages.column("offset").filter(over)), "oversized", lengths.filter(over)))
+        kept = pc.invert(over)
+        messages, lengths = messages.filter(kept), lengths.filter(kept)
+    return messages, deletes, lengths, pa.concat_batches(aside) if aside else None
+
+
+def _aside(raw: pa.RecordBatch, where: pa.Array, kind: str, sizes: pa.Array | None = None) -> pa.RecordBatch:
+    picked = raw.filter(where).select(list(RAW_NAMES))
+    n = picked.num_rows
+    kinds = pa.array([kind] * n, pa.string())
+    sizes = sizes.cast(pa.int64()) if sizes is not None else pa.nulls(n, pa.int64())
+    return pa.RecordBatch.from_arrays([*picked.columns, kinds, sizes], names=[*RAW_NAMES, "kind", "size"])
+
+
+def _lengths(settings: DirectSettings, partition: int, messages: pa.RecordBatch) -> pa.Array:
+    """Each message's size as the size limit counts it: key, value with its frame, headers."""
+    value_lengths = pc.binary_length(messages.column("value"))  # a tombstone: none, nor a frame
+    value_lengths = pc.fill_null(pc.add(value_lengths, settings.frame_bytes), 0)
+    lengths = pc.add(value_lengths, _key_lengths(messages))
+    if settings.headers is not None:
+        lengths = pc.add(lengths, pa.array(_header_bytes(settings, partition, messages)))
+    return lengths
 
 
 def undecodable(values: pa.Array, schema: pa.Schema) -> np.ndarray:
@@ -240,6 +284,7 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
     late: dict[int, int] = {}
     tally = Tally() if settings.row_checks else None
     set_aside: list[pa.RecordBatch] = []
+    kept_aside = 0
     sweep_stale_spills(settings)
     try:
         for piece in slices:
@@ -250,21 +295,14 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                         late[index] = late.get(index, 0) + n
                     if settings.registry_source is not None:
                         ids |= registry_source.schema_ids(raw.column("value"))
-                    messages, found, bad = _shaped(settings, raw, piece[1], tally)
+                    messages, found, lengths, aside = _kept_messages(settings, piece[1], raw, tally)
                     deletes += found
-                    if bad is not None:
-                        set_aside.append(bad)
-                        rows += bad.num_rows  # extracted, as on the Spark SQL path
-                        if sum(b.num_rows for b in set_aside) > UNDECODABLE_KEPT:
-                            raise Refused(f"more than {UNDECODABLE_KEPT} records a task decoder does not read")
-                    value_lengths = pc.binary_length(messages.column("value"))  # a tombstone: none, nor a frame
-                    value_lengths = pc.fill_null(pc.add(value_lengths, settings.frame_bytes), 0)
-                    lengths = pc.add(value_lengths, _key_lengths(messages))
-                    if settings.headers is not None:
-                        lengths = pc.add(lengths, pa.array(_header_bytes(settings, piece[1], messages)))
-                    largest = pc.max(lengths).as_py() or 0
-                    if largest > settings.max_message_bytes:
-                        raise Refused(f"a message of {largest} bytes exceeds message.max.bytes {settings.max_message_bytes}")
+                    if aside is not None:
+                        set_aside.append(aside)
+                        kept_aside += aside.num_rows
+                        rows += aside.num_rows  # extracted, as on the Spark SQL path
+                        if kept_aside > SET_ASIDE_KEPT:
+                            raise Refused(f"more than {SET_ASIDE_KEPT} bad records in a task")
                     if settings.hashed:
                         hashes.append(key_hashes(messages.column("key")))
                     spill.write(messages)
@@ -418,7 +456,7 @@ def _messages(settings: DirectSettings, piece: Slice) -> Iterator[pa.RecordBatch
         source = pa.memory_map(path)
     except FileNotFoundError:
         for raw in read_one_range(settings.reader, *piece):
-            yield _shaped(settings, _screen_late(settings, piece[1], raw)[0], piece[1])[0]
+            yield _kept_messages(settings, piece[1], _screen_late(settings, piece[1], raw)[0])[0]
         return
     with source:
         reader = ipc.open_file(source)

@@ -152,7 +152,8 @@ def copy(
             if refused is not None:
                 raise _ToSparkSql(refused)
             source_notes = _decoded_as_planned(planned, settings, reports)
-            letters, bad = _judge_undecodable(manifest, spark, planned, reports, result, sink_config)
+            bad = _BadRecords(manifest, spark, planned, reports, sink_config)
+            bad.judge_undecodable(result)
             if isinstance(planned.source, LateRecordScreen):  # the policy fails the run here, before producing
                 late = {w["start"]: sum(r.late.get(i, 0) for r in reports) for i, w in enumerate(boundary.windows)}
                 total = judge_late_records(planned.source.policy, late, result, log)
@@ -165,14 +166,18 @@ def copy(
                 tally.add(report.checks)
         _gates(manifest, planned, settings, tally, {}, result, rows, "quality_pre", "extracted", log)
         with stage(result, "shape", log):
+            bad.judge_keyless(result)
             deletes = sum(r.deletes for r in reports)
             if deletes and settings.deletes == "fail":
                 raise deletes_disabled(deletes)
             if settings.deletes == "skip":
                 result.deletes_skipped = deletes
             skip, removed = _settle_repeated_keys(manifest, spark, jobs, settings, groups, found, read_bound)
-            removed += result.deletes_skipped + bad  # left out of the messages either way
-            _gates(manifest, planned, settings, tally, skip, result, rows - removed, "quality_published", "published", log)
+            unpublished = _merged(skip, bad.positions("keyless"))  # not among the rows as published
+            published = rows - removed - result.deletes_skipped - bad.left_out
+            _gates(manifest, planned, settings, tally, unpublished, result, published, "quality_published", "published", log)
+            bad.judge_oversized(result, settings.max_message_bytes)
+            removed += result.deletes_skipped + bad.left_out  # left out of the messages either way
     except _ToSparkSql as exc:
         _remove_spills(spark, jobs, settings, groups)
         del result.gates[judged:]
@@ -187,14 +192,14 @@ def copy(
         _remove_spills(spark, jobs, settings, groups)
         raise
     result.notes.extend(source_notes)
-    result.duplicates_removed = removed - result.deletes_skipped - bad
+    result.duplicates_removed = removed - result.deletes_skipped - bad.left_out
     result.execution_path = "direct"
     producer = producer_settings(manifest, sink_config)
     checkpoint = storing_rule(manifest, planned.checkpoint, result.duplicates_removed, result)
     try:
         if prepared is not None:  # every gate passed: the schema may be registered now
             settings = replace(settings, value_prefix=direct_registry.register(manifest, prepared, registry_config, result))
-        publish_dead_letters(letters, result, log)  # the output leaves, letters first
+        publish_dead_letters(bad.letters, result, log)  # the output leaves, letters first
         with stage(result, "load", log):
             rows_of_stats = produce_all(jobs, slots, settings, producer, groups, skip, boundary, checkpoint, log, result)
         stats = aggregate(rows_of_stats)
@@ -205,32 +210,75 @@ def copy(
     return Delivered(stats, rows - removed)
 
 
-def _judge_undecodable(
-    manifest: Manifest, spark: SparkSession, planned: PlannedRead, reports: list[task.ScanReport], result: RunResult, sink_config: dict
-) -> tuple[DeadLetters | None, int]:
-    """The records the tasks set aside, judged by Spark's own decoder as the Spark SQL path
-    decodes them: corrupt ones follow source.options.on_error (fail raises here, before anything
-    is produced; dead letters are sent once the gates passed); a record Spark reads (drift, a type
-    the task decoder does not write) sends the batch to the Spark SQL path. Returns the dead
-    letters to send and how many records left the batch."""
-    tables = [r.undecodable for r in reports if r.undecodable is not None and r.undecodable.num_rows]
-    if not tables:
-        return None, 0
-    source = _batch_source(planned)
-    assert source is not None
-    plan = source.json_plan(planned.boundary)
-    rows = pa.concat_tables(tables).select(RAW_SCHEMA.fieldNames()).to_pylist()
-    raw = spark.createDataFrame(rows, RAW_SCHEMA)
-    decoded = decode_json(raw, plan.schema, source.options.envelope if source.options.envelope == "auto" else plan.envelope, detect_unknown=True)
-    readable = decoded.where(F.col(C.CORRUPT).isNull()).limit(1).count()
-    if readable:
-        raise _ToSparkSql("a value the task decoder leaves to Spark (another type, or a field beyond the schema)")
-    bad = decoded.select(
-        F.col(C.SOURCE_PARTITION).alias("partition"), F.col(C.SOURCE_OFFSET).alias("offset"), F.col(C.CORRUPT).alias("reason")
-    )
-    letters = DeadLetters(manifest, raw, sink_config)
-    handle_bad_records(manifest, bad, len(rows), letters, result, f"record(s) of {planned.label} could not be decoded")
-    return letters, len(rows)
+class _BadRecords:
+    """The records the tasks set aside (direct/task.SET_ASIDE_KEPT), judged where the Spark SQL
+    path judges them and by its rules (engine/bad_records.py): undecodable ones with the extract,
+    by Spark's own decoder (a record it reads — drift, a type the task decoder does not write —
+    sends the batch to the Spark SQL path); upserts without their unique key after the extracted
+    gates; messages over message.max.bytes after the published gates. Each follows
+    source.options.on_error: fail raises before anything is produced, dead letters are sent once
+    every gate passed."""
+
+    def __init__(self, manifest: Manifest, spark: SparkSession, planned: PlannedRead, reports: list[task.ScanReport], sink_config: dict):
+        tables = [r.set_aside for r in reports if r.set_aside is not None and r.set_aside.num_rows]
+        self.manifest, self.spark, self.planned = manifest, spark, planned
+        self.aside = pa.concat_tables(tables) if tables else None
+        self.letters: DeadLetters | None = None
+        if self.aside is not None:
+            raw = spark.createDataFrame(self.aside.select(list(task.RAW_NAMES)).to_pylist(), RAW_SCHEMA)
+            self.letters = DeadLetters(manifest, raw, sink_config)
+        self.left_out = 0  # records judged so far (left out of the messages)
+
+    def count(self, kind: str) -> int:
+        return 0 if self.aside is None else int(pc.sum(pc.equal(self.aside["kind"], kind)).as_py() or 0)
+
+    def positions(self, kind: str) -> dict[int, np.ndarray]:
+        """The source offsets of one kind, per partition (sorted)."""
+        if self.aside is None or not self.count(kind):
+            return {}
+        picked = self.aside.filter(pc.equal(self.aside["kind"], kind))
+        partitions, offsets = picked["partition"].to_numpy(), picked["offset"].to_numpy()
+        return {int(p): np.sort(offsets[partitions == p]) for p in np.unique(partitions)}
+
+    def judge_undecodable(self, result: RunResult) -> None:
+        n = self.count("undecodable")
+        if not n:
+            return
+        source = _batch_source(self.planned)
+        assert source is not None and self.letters is not None and self.letters.raw is not None
+        plan = source.json_plan(self.planned.boundary)
+        envelope = "auto" if source.options.envelope == "auto" else plan.envelope
+        undecodable = self.letters.raw.join(self._of("undecodable"), on=["partition", "offset"], how="left_semi")
+        decoded = decode_json(undecodable, plan.schema, envelope, detect_unknown=True)
+        if decoded.where(F.col(C.CORRUPT).isNull()).limit(1).count():
+            raise _ToSparkSql("a value the task decoder leaves to Spark (another type, or a field beyond the schema)")
+        bad = decoded.select(F.col(C.SOURCE_PARTITION).alias("partition"), F.col(C.SOURCE_OFFSET).alias("offset"), F.col(C.CORRUPT).alias("reason"))
+        self._handle(bad, n, result, f"record(s) of {self.planned.label} could not be decoded")
+
+    def judge_keyless(self, result: RunResult) -> None:
+        n = self.count("keyless")
+        if n:
+            reason = f"missing unique key {list(self.manifest.sink.strategy.unique_key_columns)}"
+            self._handle(self._of("keyless").withColumn("reason", F.lit(reason)), n, result, "record(s) have no unique key")
+
+    def judge_oversized(self, result: RunResult, limit: int) -> None:
+        n = self.count("oversized")
+        if n:
+            reason = F.concat(F.lit("message of "), F.col("size").cast("string"), F.lit(f" bytes exceeds message.max.bytes {limit}"))
+            bad = self._of("oversized", with_size=True).select("partition", "offset", reason.alias("reason"))
+            self._handle(bad, n, result, f"message(s) exceed message.max.bytes {limit}")
+
+    def _of(self, kind: str, with_size: bool = False) -> Any:
+        assert self.aside is not None
+        picked = self.aside.filter(pc.equal(self.aside["kind"], kind))
+        rows = list(zip(picked["partition"].to_pylist(), picked["offset"].to_pylist(), picked["size"].to_pylist(), strict=True))
+        frame = self.spark.createDataFrame(rows, "partition int, offset long, size long")
+        return frame if with_size else frame.drop("size")
+
+    def _handle(self, bad: Any, n: int, result: RunResult, what: str) -> None:
+        assert self.letters is not None
+        handle_bad_records(self.manifest, bad, n, self.letters, result, what)
+        self.left_out += n
 
 
 def _decoded_as_planned(planned: PlannedRead, settings: task.DirectSettings, reports: list[task.ScanReport]) -> list[str]:
@@ -422,6 +470,11 @@ def _settle_repeated_keys(
     if manifest.sink.strategy.mode != "incremental_merge" or policy not in ("keep_last", "keep_first"):
         raise _ToSparkSql(f"{repeated.num_rows} key(s) repeat in the batch (strategy {manifest.sink.strategy.mode}, duplicate_policy {policy})")
     return _losers(records.filter(pc.is_in(records["key"], repeated["key"])), policy)
+
+
+def _merged(first: dict[int, np.ndarray], second: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Sorted offsets per partition of both."""
+    return {p: np.union1d(first.get(p, np.zeros(0, np.int64)), second.get(p, np.zeros(0, np.int64))) for p in first.keys() | second.keys()}
 
 
 def _losers(records: pa.Table, policy: str) -> tuple[dict[int, np.ndarray], int]:
