@@ -42,6 +42,7 @@ def test_counts_samples_and_losers_taken_out_of_the_published_rows():
     checks, reason = arrow_checks.row_checks(
         [NotNullCheck(type="not_null", columns=["status", "seen"]), AcceptedValuesCheck(type="accepted_values", column="status", values=["new", "paid", None])],
         SCHEMA,
+        ("id",),
     )
     assert reason is None
     tally = Tally()
@@ -56,13 +57,16 @@ def test_counts_samples_and_losers_taken_out_of_the_published_rows():
     assert published.counts == {("null", 0, "status"): 2, ("null", 0, "seen"): 1, ("outside", 1): 1}
     assert [r["id"] for r in published.samples[0]] == [1, 2, 4]
     # Partition 0 offset 10 and partition 1 offset 0 were left out by de-duplication.
-    deduped = arrow_checks.measured(checks, tally, "published", {0: np.array([10]), 1: np.array([0])})
+    # Their sample rows are read again where they are: the tasks kept only their first few.
+    deduped = arrow_checks.measured(checks, tally, "published", {0: np.array([10]), 1: np.array([0])}, lambda at: [{"at": a} for a in at])
     assert deduped.counts == {("null", 0, "status"): 0, ("null", 0, "seen"): 1, ("outside", 1): 1}
-    assert [r["id"] for r in deduped.samples[0]] == [2]
+    assert deduped.samples[0] == ({"at": (0, 11)},) and deduped.samples[1] == ({"at": (0, 11)},)
 
 
 def test_freshness_takes_the_newest_value_left_and_says_when_it_cannot():
-    checks, _ = arrow_checks.row_checks([FreshnessCheck(type="freshness", max_age_seconds=60), FreshnessCheck(type="freshness", column="seen", max_age_seconds=60, stage="extracted")], SCHEMA)
+    checks, _ = arrow_checks.row_checks(
+        [FreshnessCheck(type="freshness", max_age_seconds=60), FreshnessCheck(type="freshness", column="seen", max_age_seconds=60, stage="extracted")], SCHEMA, ("id",)
+    )
     tally = Tally()
     rows = [{"id": i, "status": "new", "seen": f"2024-01-0{1 + i % 9}T00:00:00"} for i in range(200)]
     measure(checks, tally, rows, 0, 0)
@@ -88,7 +92,7 @@ def test_skipped_deletes_count_for_an_extracted_freshness_only():
 
 def test_too_many_offending_rows_with_repeated_keys_are_unsettled(monkeypatch):
     monkeypatch.setattr(arrow_checks, "POSITIONS_KEPT", 3)
-    checks, _ = arrow_checks.row_checks([NotNullCheck(type="not_null", columns=["status"])], SCHEMA)
+    checks, _ = arrow_checks.row_checks([NotNullCheck(type="not_null", columns=["status"])], SCHEMA, ("id",))
     tally = Tally()
     measure(checks, tally, [{"id": i} for i in range(5)], 0, 0)
     assert arrow_checks.measured(checks, tally, "published", {}).counts == {("null", 0, "status"): 5}
@@ -110,6 +114,24 @@ def test_what_the_tasks_cannot_measure_as_spark_sql_would_is_named():
     assert "another type" in reason(AcceptedValuesCheck(type="accepted_values", column="id", values=[True]))
     assert reason(AcceptedValuesCheck(type="accepted_values", column="id", values=[1, None])) is None
     assert "int64 column" in reason(FreshnessCheck(type="freshness", column="id", max_age_seconds=1))
+    assert "another type" in reason(AcceptedValuesCheck(type="accepted_values", column="id", values=[2**63]))
+    floats = pa.schema([("x", pa.float64()), ("id", pa.int64())])
+    assert "another type" in arrow_checks.row_checks([AcceptedValuesCheck(type="accepted_values", column="x", values=[2**53 + 1])], floats)[1]
+    # Spark groups 0.0 and -0.0 as one value, while their keys differ: no shortcut on a double key.
+    assert arrow_checks.row_checks([UniqueCheck(type="unique", columns=["id", "x"])], floats, ("id", "x"))[1] is not None
+
+
+def test_accepted_values_and_not_null_compare_as_spark_does():
+    schema = pa.schema([("x", pa.float64())])
+    checks, _ = arrow_checks.row_checks(
+        [AcceptedValuesCheck(type="accepted_values", column="x", values=[0.0, 1.5]), NotNullCheck(type="not_null", columns=["x", "x"])], schema
+    )
+    tally = Tally()
+    arrow_checks.measure(
+        checks, tally, [pa.array([-0.0, 0.0, 1.5, 2.0, None])], ["x"], pa.array([False] * 5), None, 0, pa.array(range(5), pa.int64()), pa.array([0] * 5, pa.int64())
+    )
+    # -0.0 is accepted as 0.0; a column named twice counts its nulls once.
+    assert arrow_checks.measured(checks, tally, "published", {}).counts == {("outside", 0): 1, ("null", 1, "x"): 1}
 
 
 # --------------------------------------------------------------------------- both paths, one batch

@@ -210,6 +210,15 @@ def _decoded(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBa
     return raw, columns, tombstone
 
 
+def rows_at(settings: DirectSettings, topic: str, partition: int, offset: int) -> list[dict]:
+    """The payload of the record at `offset`, decoded as the scan decodes it (a sample row)."""
+    rows = []
+    for raw in read_one_range(settings.reader, topic, partition, offset, offset + 1):
+        _, columns, _ = _decoded(settings, raw)
+        rows += pa.Table.from_arrays(columns, names=settings.schema.names).to_pylist()
+    return rows
+
+
 def _kept_messages(
     settings: DirectSettings, partition: int, raw: pa.RecordBatch, tally: Tally | None = None
 ) -> tuple[pa.RecordBatch, int, pa.Array, pa.RecordBatch | None]:

@@ -10,16 +10,19 @@ does the same work in the Python tasks, in the same order of guarantees:
 1. scan (direct/task.py): each task reads its slices, decodes them as the read tasks do, shapes
    the messages byte for byte as the Spark SQL path would (sinks/json_encode.py), keeps them in a
    file of its executor and reports counts and the hashes of its keys. Nothing is produced.
-2. judge (here): a record only the Spark SQL path handles (undecodable, a tombstone, a value the
-   encoder refuses, a message over message.max.bytes, a key that repeats where per-key order
-   matters) sends the whole run there, reading the batch again, as if this path had not run.
+2. judge (here): bad records the tasks set aside (undecodable, without their unique key, over
+   message.max.bytes) follow source.options.on_error where and as on the Spark SQL path
+   (_BadRecords). A record only the Spark SQL path handles (one Spark decodes but the tasks do
+   not, a value the encoder refuses, a key that repeats where per-key order matters) sends the
+   whole run there, reading the batch again, as if this path had not run.
    Repeated keys are settled on the keys themselves (direct/keys.py); keep_last / keep_first pick
    the same record as the Spark SQL path (source order: timestamp, partition, offset).
    A time window's late records are counted in the scan and judged by its policy (fail stops
    the run here; dead_letter leaves them out of the scan's messages and holds them back for the
    dead-letter topic, sent at the commit before the state moves, as on the Spark SQL path).
-3. gates: min_rows on the counts, and not_null, accepted_values and freshness on what the scan
-   measured of the decoded rows (quality/arrow_checks.py), before anything is produced.
+3. gates: min_rows on the counts, and not_null, accepted_values, freshness and unique (on the
+   unique key) on what the scan measured of the decoded rows (quality/arrow_checks.py), before
+   anything is produced.
 4. produce (engine/direct_load.py, direct/task.py): the tasks produce their kept messages, the
    offsets stored as slices are delivered where that keeps the guarantees; the delivery reports go
    to the load and reconciliation stages as on the other path.
@@ -85,7 +88,7 @@ MAX_CANDIDATES = 1_000_000
 # consumer's connection set-up): the scan's part of a job bound (spark/jobs.py).
 READ_WAIT_S = 60.0
 STRATEGIES = ("incremental_append", "incremental_merge")
-CHECKS = ("min_rows", "source_target_count", *arrow_checks.KINDS)  # unique and great_expectations need Spark SQL
+CHECKS = ("min_rows", "source_target_count", *arrow_checks.KINDS)  # great_expectations needs Spark SQL
 
 
 def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
@@ -506,8 +509,13 @@ def _gates(
     is there with or without checks, as on the Spark SQL path); `losers` are left out of the rows
     as published."""
     with stage(result, name, log):
+        topic = planned.boundary.topic
+
+        def rows_at(positions: list[tuple[int, int]]) -> list[dict]:
+            return [row for partition, offset in positions for row in task.rows_at(settings, topic, partition, offset)]
+
         try:
-            measured = arrow_checks.measured(settings.row_checks, tally, frame_stage, losers)
+            measured = arrow_checks.measured(settings.row_checks, tally, frame_stage, losers, rows_at)
         except arrow_checks.Unsettled as exc:
             raise _ToSparkSql(str(exc)) from exc
         pre_publish_gates(manifest, None, planned.incremental, result, rows, frame_stage, measured)

@@ -11,7 +11,7 @@ kept (`Unsettled` otherwise, and the run takes the Spark SQL path).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +23,8 @@ from dpone_dagster.manifest.models import AcceptedValuesCheck, FreshnessCheck, N
 from dpone_dagster.quality.gates import SAMPLE_SIZE, Measured, check_stage
 
 KINDS = ("not_null", "accepted_values", "freshness", "unique")
-POSITIONS_KEPT = 100_000  # offending positions a task keeps per measure, to take losers out
-SAMPLES_KEPT = 4 * SAMPLE_SIZE  # sample rows a task keeps per check: losers may be among them
+POSITIONS_KEPT = 10_000  # offending positions a task keeps per measure, to take losers out
+SAMPLES_KEPT = 2 * SAMPLE_SIZE  # sample rows a task keeps per check: losers may be among them
 NEWEST_KEPT = 64  # freshness values a task keeps per check, newest first
 
 Position = tuple[int, int]  # source partition, offset
@@ -44,19 +44,25 @@ class RowCheck:
     stage: str
     columns: tuple[str, ...]
     accepted: pa.Array | None = None
+    # The offending rows' positions are kept (published rows, where records may leave the batch).
+    positions: bool = False
 
 
 def row_checks(checks: Sequence[Any], schema: pa.Schema, message_key: Sequence[str] = ()) -> tuple[tuple[RowCheck, ...], str | None]:
     """The manifest's row-level checks the tasks can measure on `schema`, or why not (a check
     only Spark SQL runs, a column not in the batch, a type whose comparison may differ).
-    `message_key`: the columns each message's key is made of, one to one; a batch the direct path
-    publishes holds every key once, so `unique` on them passes on the rows as published."""
+    `message_key`: the unique key's columns, each message's key made of them one to one; a batch
+    the direct path publishes holds every key once, so `unique` on them passes on the rows as
+    published (not for a floating-point column, whose 0.0 and -0.0 Spark groups as one value).
+    With a unique key, records leave the batch after the scan (repeated keys, keys missing): the
+    published checks keep their offending rows' positions to take them out."""
     out = []
     for index, check in enumerate(checks):
         if check.type in ("min_rows", "source_target_count"):
             continue
         if isinstance(check, UniqueCheck):
-            if check_stage(check) != "published" or not message_key or set(check.columns) != set(message_key):
+            exact = all(_exact_key(schema.field(c).type) for c in message_key)
+            if check_stage(check) != "published" or not message_key or set(check.columns) != set(message_key) or not exact:
                 return (), "quality check unique (other than on the unique key of the rows as published)"
             out.append(RowCheck(index, check.type, "published", tuple(check.columns)))
             continue
@@ -79,8 +85,13 @@ def row_checks(checks: Sequence[Any], schema: pa.Schema, message_key: Sequence[s
                 return (), f"accepted_values of {check.column}: values of another type than the column's"
         if isinstance(check, FreshnessCheck) and wanted and not _timelike(schema.field(wanted[0]).type):
             return (), f"freshness of {wanted[0]}: a {schema.field(wanted[0]).type} column"
-        out.append(RowCheck(index, check.type, check_stage(check), wanted, accepted))
+        stage = check_stage(check)
+        out.append(RowCheck(index, check.type, stage, tuple(dict.fromkeys(wanted)), accepted, stage == "published" and bool(message_key)))
     return tuple(out), None
+
+
+def _exact_key(kind: pa.DataType) -> bool:
+    return pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_boolean(kind)
 
 
 def _value_set(kind: pa.DataType, values: list[Any]) -> pa.Array | None:
@@ -96,7 +107,13 @@ def _value_set(kind: pa.DataType, values: list[Any]) -> pa.Array | None:
         ok = all(isinstance(v, bool) for v in accepted)
     else:
         ok = False
-    return pa.array(accepted, kind) if ok else None
+    if not ok:
+        return None
+    try:
+        values = pa.array(accepted, kind)
+    except (pa.ArrowInvalid, OverflowError):  # a literal the column's type cannot hold exactly
+        return None
+    return pc.add(values, 0.0) if pa.types.is_floating(kind) else values  # -0.0 is 0.0, as in Spark
 
 
 def _timelike(kind: pa.DataType) -> bool:
@@ -162,11 +179,12 @@ def measure(
                 bad = pc.and_(content, column.is_null())
                 key = ("null", check.index, name)
             else:
-                outside = pc.invert(pc.fill_null(pc.is_in(column, value_set=check.accepted), False))
+                compared = pc.add(column, 0.0) if pa.types.is_floating(column.type) else column  # -0.0 is 0.0
+                outside = pc.invert(pc.fill_null(pc.is_in(compared, value_set=check.accepted), False))
                 bad = pc.and_(content, pc.and_(column.is_valid(), outside))
                 key = ("outside", check.index)
             mask = bad.to_numpy(zero_copy_only=False)
-            _keep_positions(tally, key, partition, offsets_np[mask])
+            _keep_positions(tally, key, partition, offsets_np[mask], check.positions)
             offending_any = mask if offending_any is None else offending_any | mask
         if offending_any is not None and offending_any.any():
             _keep_samples(tally, check.index, columns, names, partition, offsets_np, offending_any)
@@ -189,8 +207,10 @@ def _micros(column: pa.Array) -> pa.Array:
     return pc.cast(pc.cast(column, pa.timestamp("us", column.type.tz)), pa.int64())
 
 
-def _keep_positions(tally: Tally, key: tuple, partition: int, offsets: np.ndarray) -> None:
+def _keep_positions(tally: Tally, key: tuple, partition: int, offsets: np.ndarray, kept_at_all: bool) -> None:
     tally.counts[key] = tally.counts.get(key, 0) + len(offsets)
+    if not kept_at_all:
+        return
     kept = sum(len(a) for a in tally.positions.get(key, ()))
     room = POSITIONS_KEPT - kept
     if len(offsets) > room:
@@ -219,9 +239,16 @@ def _keep_newest(tally: Tally, key: tuple, micros: pa.Array, partition: int, off
     tally.newest[key] = merged
 
 
-def measured(checks: Sequence[RowCheck], tally: Tally, stage: str, losers: Mapping[int, np.ndarray]) -> Measured:
+def measured(
+    checks: Sequence[RowCheck],
+    tally: Tally,
+    stage: str,
+    losers: Mapping[int, np.ndarray],
+    rows_at: Callable[[list[Position]], list[dict]] | None = None,
+) -> Measured:
     """The values of `stage`'s checks (quality/gates.Measured): for the published rows without the
-    records de-duplication left out (`losers`: sorted offsets per partition)."""
+    records that left the batch after the scan (`losers`: sorted offsets per partition). Their
+    sample rows are then read again where they are (`rows_at`): a task kept only its first few."""
     out = Measured()
     for check in checks:
         if check.stage != stage:
@@ -234,15 +261,23 @@ def measured(checks: Sequence[RowCheck], tally: Tally, stage: str, losers: Mappi
             out.newest[check.index] = _newest(tally, (check.index,), drop)
             continue
         keys = [("null", check.index, c) for c in check.columns] if check.kind == "not_null" else [("outside", check.index)]
+        left: list[np.ndarray] = []
         for key in keys:
             lost = 0
             if drop and tally.counts.get(key):
-                if key in tally.truncated:
+                if key in tally.truncated or not check.positions:
                     raise Unsettled("more offending rows than a task keeps, in a batch with repeated keys")
-                lost = sum(int(_is_loser(a, drop).sum()) for a in tally.positions.get(key, ()))
+                for positions in tally.positions.get(key, ()):
+                    losing = _is_loser(positions, drop)
+                    lost += int(losing.sum())
+                    left.append(positions[~losing])
             out.counts[key] = tally.counts.get(key, 0) - lost
-        rows = sorted(tally.samples.get(check.index, []), key=lambda s: (s[0], s[1]))
-        out.samples[check.index] = tuple(r for p, o, r in rows if not _lost(drop, p, o))[:SAMPLE_SIZE]
+        if not drop or not any(out.counts[key] for key in keys):
+            rows = sorted(tally.samples.get(check.index, []), key=lambda s: (s[0], s[1]))
+            out.samples[check.index] = tuple(r for _, _, r in rows)[:SAMPLE_SIZE]
+        elif rows_at is not None:
+            first = np.unique(np.concatenate(left), axis=0)[:SAMPLE_SIZE]  # (partition, offset) order
+            out.samples[check.index] = tuple(rows_at([(int(p), int(o)) for p, o in first]))
     return out
 
 
