@@ -11,6 +11,7 @@ import shutil
 import time
 import uuid
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -405,6 +406,8 @@ def test_what_only_spark_sql_does_goes_there_before_anything_is_produced(broker,
     keyed = "{mode: incremental_append, unique_key: order_id}"
     cases = {  # reason: (the odd record, source options, sink options, strategy)
         "a field beyond the schema sample": ({"order_id": 5_000, "amount": 1.5, "blob": "", "extra": 1}, "", "", keyed),
+        # Corrupt as sampled, but its new field widens the schema there, and it decodes then.
+        "a field beyond the schema in a record of another type": ({"order_id": "5000", "amount": 1.5, "blob": "", "extra": 1}, "on_error: skip", "", keyed),
         "a double Java prints differently": ({"order_id": 5_000, "amount": 6.960309306789904e18, "blob": ""}, "", "", keyed),
         "a message over message.max.bytes": (
             {"order_id": 5_000, "amount": 1.5, "blob": "x" * 3000},
@@ -575,16 +578,29 @@ def test_a_produce_task_without_its_spill_reads_the_slice_again(broker, kafka_en
         run_id="r1",
     )
     piece = (src, 0, 500, 1000)
-    kept = list(task._messages(settings, piece))  # no spill yet: read and shaped
+    kept = list(task._messages(settings, piece, None))  # no spill yet: read and shaped
     report = task.scan(settings, [piece])
     assert report.refused is None and report.rows == 500
     assert Path(task.spill_path(settings, piece)).exists()
-    from_spill = list(task._messages(settings, piece))
+    from_spill = list(task._messages(settings, piece, None))
     assert pa.Table.from_batches(from_spill).equals(pa.Table.from_batches(kept))
     first = json.loads(from_spill[0].column("value")[0].as_py())
     assert first == {"order_id": 0, "note": "plain", "tags": []}
     task.remove_spills(settings, [piece])
     assert not Path(task.spill_path(settings, piece)).exists()
+
+    # A bad record the scan set aside: read again, the slice leaves it out as the driver said, or
+    # the task fails (it would not give the messages the driver judged).
+    produce_json(bs, src, [{"order_id": 1_000 + i} if i != 3 else b"{not json" for i in range(10)], partition=0)
+    screening = replace(settings, screen_undecodable=True)
+    bad_piece = (src, 0, 1_000, 1_010)
+    report = task.scan(screening, [bad_piece])
+    assert report.rows == 10 and report.set_aside["offset"].to_pylist() == [1_003]
+    task.remove_spills(screening, [bad_piece])
+    again = pa.Table.from_batches(list(task._messages(screening, bad_piece, np.array([1_003]))))
+    assert again["offset"].to_pylist() == [1_000, 1_001, 1_002, *range(1_004, 1_010)]
+    with pytest.raises(RuntimeError, match="sets aside records its scan did not"):
+        list(task._messages(screening, bad_piece, None))
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -904,4 +920,4 @@ def test_undecodable_records_fail_the_run_before_anything_is_produced(broker, sp
         run_pipeline(manifest, spark)
     assert consume_raw(bs, dst) == []
     assert LocalStateStore(str(tmp_path)).load_offsets(src, f"g_{dst}") == {}
-    assert task.undecodable(pa.array([b'{"a": 1}', b"{", None, b'{"a": "x"}', b'{"a": 2}'], pa.binary()), pa.schema([("a", pa.int64())])).tolist() == [False, True, False, True, False]
+    assert task.undecodable(pa.array([b'{"a": 1}', b"{", None, b'{"a": "x"}', b'{"a": 2}'], pa.binary()), pa.schema([("a", pa.int64())]), 10).tolist() == [False, True, False, True, False]

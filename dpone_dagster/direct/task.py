@@ -115,6 +115,7 @@ class Undecodable(Refused):
 # why (undecodable: the task decoder does not read it; keyless: an upsert without its unique key;
 # oversized: its message exceeds message.max.bytes) and, when oversized, the message's size.
 SET_ASIDE_KEPT = 10_000
+SET_ASIDE_BYTES = 64 << 20  # ... and at most this many bytes of them
 RAW_NAMES = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
 
 
@@ -230,7 +231,7 @@ def _kept_messages(
     except Undecodable:
         if not settings.screen_undecodable:
             raise
-        bad = pa.array(undecodable(raw.column("value"), settings.schema))
+        bad = pa.array(undecodable(raw.column("value"), settings.schema, SET_ASIDE_KEPT))
         if not pc.any(bad).as_py():
             raise Refused("a batch the task decoder reads record by record but not whole") from None
         aside.append(_aside(raw, bad, "undecodable"))
@@ -247,7 +248,7 @@ def _kept_messages(
         aside.append(_aside(raw, pc.is_in(raw.column("offset"), value_set=messages.column("offset").filter(over)), "oversized", lengths.filter(over)))
         kept = pc.invert(over)
         messages, lengths = messages.filter(kept), lengths.filter(kept)
-    return messages, deletes, lengths, pa.concat_batches(aside) if aside else None
+    return messages, deletes, lengths, pa.Table.from_batches(aside).combine_chunks().to_batches()[0] if aside else None
 
 
 def _aside(raw: pa.RecordBatch, where: pa.Array, kind: str, sizes: pa.Array | None = None) -> pa.RecordBatch:
@@ -268,10 +269,12 @@ def _lengths(settings: DirectSettings, partition: int, messages: pa.RecordBatch)
     return lengths
 
 
-def undecodable(values: pa.Array, schema: pa.Schema) -> np.ndarray:
+def undecodable(values: pa.Array, schema: pa.Schema, limit: int) -> np.ndarray:
     """Which values the task decoder does not read (pure): halves of a failing range are tried
-    until single records are left, so a batch with few bad records costs few decodes."""
+    until single records are left, so a batch with few bad records costs few decodes. Past
+    `limit` bad records, Refused (the batch is the Spark SQL path's)."""
     out = np.zeros(len(values), bool)
+    found = 0
     ranges = [(0, len(values))]
     while ranges:
         low, high = ranges.pop()
@@ -279,6 +282,9 @@ def undecodable(values: pa.Array, schema: pa.Schema) -> np.ndarray:
             continue
         if high - low == 1:
             out[low] = True
+            found += 1
+            if found > limit:
+                raise Refused(f"more than {limit} records the task decoder does not read in a batch")
             continue
         middle = (low + high) // 2
         ranges += [(low, middle), (middle, high)]
@@ -293,7 +299,7 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
     late: dict[int, int] = {}
     tally = Tally() if settings.row_checks else None
     set_aside: list[pa.RecordBatch] = []
-    kept_aside = 0
+    kept_aside = kept_bytes = 0
     sweep_stale_spills(settings)
     try:
         for piece in slices:
@@ -309,9 +315,10 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                     if aside is not None:
                         set_aside.append(aside)
                         kept_aside += aside.num_rows
+                        kept_bytes += aside.nbytes
                         rows += aside.num_rows  # extracted, as on the Spark SQL path
-                        if kept_aside > SET_ASIDE_KEPT:
-                            raise Refused(f"more than {SET_ASIDE_KEPT} bad records in a task")
+                        if kept_aside > SET_ASIDE_KEPT or kept_bytes > SET_ASIDE_BYTES:
+                            raise Refused(f"more than {SET_ASIDE_KEPT} bad records, or {SET_ASIDE_BYTES >> 20} MB of them, in a task")
                     if settings.hashed:
                         hashes.append(key_hashes(messages.column("key")))
                     spill.write(messages)
@@ -367,12 +374,13 @@ def _key_lengths(messages: pa.RecordBatch) -> pa.Array:
     return pc.fill_null(pc.binary_length(messages.column("key")), 0)
 
 
-def candidate_records(settings: DirectSettings, slices: list[Slice], candidates: np.ndarray) -> pa.Table:
+def candidate_records(settings: DirectSettings, slices: list[Slice], candidates: np.ndarray, set_aside: dict[int, np.ndarray]) -> pa.Table:
     """The messages of `slices` whose key hash is a candidate (direct/keys.py), with their slice's
-    partition: what the driver needs to settle them on the keys themselves."""
+    partition: what the driver needs to settle them on the keys themselves. `set_aside`: the
+    source offsets the scan set aside, per partition."""
     found = []
     for piece in slices:
-        for messages in _messages(settings, piece):
+        for messages in _messages(settings, piece, set_aside.get(piece[1])):
             chosen = np.isin(key_hashes(messages.column("key")), candidates)
             if chosen.any():
                 picked = messages.filter(pa.array(chosen)).select(["key", "offset", "timestamp"])
@@ -384,15 +392,16 @@ def candidate_records(settings: DirectSettings, slices: list[Slice], candidates:
 def produce(
     settings: DirectSettings, producer: ProducerSettings, slices: list[Slice], skip: dict[int, np.ndarray]
 ) -> Iterator[pa.RecordBatch]:
-    """Produce the messages of `slices` except the source offsets in `skip` (per partition); yields
-    the delivery statistics rows of sinks/kafka.py. Spill files are removed once produced."""
+    """Produce the messages of `slices` except the source offsets in `skip` (per partition: those
+    left out, and those the scan set aside); yields the delivery statistics rows of sinks/kafka.py.
+    Spill files are removed once produced."""
 
     prefix = pa.scalar(settings.value_prefix, pa.binary())
 
     def messages() -> Iterator[pa.RecordBatch]:
         for piece in slices:
             dropped = skip.get(piece[1])
-            for batch in _messages(settings, piece):
+            for batch in _messages(settings, piece, dropped):
                 if dropped is not None and len(dropped):
                     batch = batch.filter(pa.array(~np.isin(batch.column("offset").to_numpy(), dropped)))
                 if not batch.num_rows:
@@ -458,14 +467,22 @@ def sweep_stale_spills(settings: DirectSettings, now: float | None = None) -> in
     return removed
 
 
-def _messages(settings: DirectSettings, piece: Slice) -> Iterator[pa.RecordBatch]:
-    """The shaped messages of one slice: from its spill file, or read and shaped again."""
+def _messages(settings: DirectSettings, piece: Slice, left_out: np.ndarray | None) -> Iterator[pa.RecordBatch]:
+    """The shaped messages of one slice: from its spill file, or read and shaped again. Read
+    again, the records the scan set aside must be among `left_out` (source offsets), or the task
+    fails: the slice would not give the messages the driver judged."""
     path = spill_path(settings, piece)
     try:
         source = pa.memory_map(path)
     except FileNotFoundError:
         for raw in read_one_range(settings.reader, *piece):
-            yield _kept_messages(settings, piece[1], _screen_late(settings, piece[1], raw)[0])[0]
+            raw = _screen_late(settings, piece[1], raw)[0]
+            if left_out is not None and len(left_out):
+                raw = raw.filter(pa.array(~np.isin(raw.column("offset").to_numpy(), left_out)))
+            messages, _, _, aside = _kept_messages(settings, piece[1], raw)
+            if aside is not None:
+                raise RuntimeError(f"slice {piece} read again sets aside records its scan did not: {aside.column('offset').to_pylist()[:5]}") from None
+            yield messages
         return
     with source:
         reader = ipc.open_file(source)

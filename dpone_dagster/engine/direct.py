@@ -155,13 +155,13 @@ def copy(
             if refused is not None:
                 raise _ToSparkSql(refused)
             source_notes = _decoded_as_planned(planned, settings, reports)
-            bad = _BadRecords(manifest, spark, planned, reports, sink_config)
-            bad.judge_undecodable(result)
             if isinstance(planned.source, LateRecordScreen):  # the policy fails the run here, before producing
                 late = {w["start"]: sum(r.late.get(i, 0) for r in reports) for i, w in enumerate(boundary.windows)}
                 total = judge_late_records(planned.source.policy, late, result, log)
                 if total and settings.hold_back_late:  # left out by the scan; sent before the state moves
                     planned.source.hold_back(spark, boundary, total, {w: n for w, n in late.items() if n}, log)
+            bad = _BadRecords(manifest, spark, planned, reports, sink_config)
+            bad.judge_undecodable(result)
         rows = result.rows_extracted = sum(r.rows for r in reports)
         tally = Tally()
         for report in reports:
@@ -169,13 +169,13 @@ def copy(
                 tally.add(report.checks)
         _gates(manifest, planned, settings, tally, {}, result, rows, "quality_pre", "extracted", log)
         with stage(result, "shape", log):
-            bad.judge_keyless(result)
             deletes = sum(r.deletes for r in reports)
             if deletes and settings.deletes == "fail":
                 raise deletes_disabled(deletes)
+            bad.judge_keyless(result)
             if settings.deletes == "skip":
                 result.deletes_skipped = deletes
-            skip, removed = _settle_repeated_keys(manifest, spark, jobs, settings, groups, found, read_bound)
+            skip, removed = _settle_repeated_keys(manifest, spark, jobs, settings, groups, found, read_bound, bad.positions())
             unpublished = _merged(skip, bad.positions("keyless"))  # not among the rows as published
             published = rows - removed - result.deletes_skipped - bad.left_out
             _gates(manifest, planned, settings, tally, unpublished, result, published, "quality_published", "published", log)
@@ -204,7 +204,8 @@ def copy(
             settings = replace(settings, value_prefix=direct_registry.register(manifest, prepared, registry_config, result))
         publish_dead_letters(bad.letters, result, log)  # the output leaves, letters first
         with stage(result, "load", log):
-            rows_of_stats = produce_all(jobs, slots, settings, producer, groups, skip, boundary, checkpoint, log, result)
+            left_out = _merged(skip, bad.positions())
+            rows_of_stats = produce_all(jobs, slots, settings, producer, groups, left_out, boundary, checkpoint, log, result)
         stats = aggregate(rows_of_stats)
         check_delivery(manifest, stats, result)
     except BaseException:  # the slices never produced keep their spill files until removed here
@@ -235,11 +236,11 @@ class _BadRecords:
     def count(self, kind: str) -> int:
         return 0 if self.aside is None else int(pc.sum(pc.equal(self.aside["kind"], kind)).as_py() or 0)
 
-    def positions(self, kind: str) -> dict[int, np.ndarray]:
-        """The source offsets of one kind, per partition (sorted)."""
-        if self.aside is None or not self.count(kind):
+    def positions(self, kind: str | None = None) -> dict[int, np.ndarray]:
+        """The source offsets of one kind (None: every kind), per partition (sorted)."""
+        if self.aside is None or (kind is not None and not self.count(kind)):
             return {}
-        picked = self.aside.filter(pc.equal(self.aside["kind"], kind))
+        picked = self.aside if kind is None else self.aside.filter(pc.equal(self.aside["kind"], kind))
         partitions, offsets = picked["partition"].to_numpy(), picked["offset"].to_numpy()
         return {int(p): np.sort(offsets[partitions == p]) for p in np.unique(partitions)}
 
@@ -252,8 +253,12 @@ class _BadRecords:
         plan = source.json_plan(self.planned.boundary)
         envelope = "auto" if source.options.envelope == "auto" else plan.envelope
         undecodable = self.letters.raw.join(self._of("undecodable"), on=["partition", "offset"], how="left_semi")
-        decoded = decode_json(undecodable, plan.schema, envelope, detect_unknown=True)
-        if decoded.where(F.col(C.CORRUPT).isNull()).limit(1).count():
+        detect = source.options.schema_ is None  # as the Spark SQL path looks for fields beyond the schema
+        decoded = decode_json(undecodable, plan.schema, envelope, detect_unknown=detect)
+        readable = F.col(C.CORRUPT).isNull()
+        if detect:  # a field beyond the inferred schema widens it there, corrupt record or not
+            readable = readable | F.col(C.UNKNOWN_KEYS).isNotNull()
+        if decoded.where(readable).limit(1).count():
             raise _ToSparkSql("a value the task decoder leaves to Spark (another type, or a field beyond the schema)")
         bad = decoded.select(F.col(C.SOURCE_PARTITION).alias("partition"), F.col(C.SOURCE_OFFSET).alias("offset"), F.col(C.CORRUPT).alias("reason"))
         self._handle(bad, n, result, f"record(s) of {self.planned.label} could not be decoded")
@@ -456,6 +461,7 @@ def _settle_repeated_keys(
     groups: list[list[task.Slice]],
     found: np.ndarray,
     seconds: float,
+    set_aside: dict[int, np.ndarray],
 ) -> tuple[dict[int, np.ndarray], int]:
     """The source offsets to leave out per partition, and how many they are, from the candidate
     key hashes `found`. Keys that repeat where the Spark SQL path orders them (append) or refuses
@@ -464,7 +470,7 @@ def _settle_repeated_keys(
         return {}, 0
     if len(found) > MAX_CANDIDATES:
         raise _ToSparkSql(f"more than {MAX_CANDIDATES} keys may repeat")
-    picked = jobs.in_tasks(groups, lambda g: task.candidate_records(settings, g, found), seconds, "the read of repeated keys")
+    picked = jobs.in_tasks(groups, lambda g: task.candidate_records(settings, g, found, set_aside), seconds, "the read of repeated keys")
     records = pa.concat_tables(picked)
     repeated = records.group_by("key").aggregate([("key", "count")]).filter(pc.field("key_count") > 1)
     if not repeated.num_rows:

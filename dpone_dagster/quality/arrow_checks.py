@@ -266,7 +266,7 @@ def measured(
             lost = 0
             if drop and tally.counts.get(key):
                 if key in tally.truncated or not check.positions:
-                    raise Unsettled("more offending rows than a task keeps, in a batch with repeated keys")
+                    raise Unsettled("more offending rows than a task keeps, in a batch some records leave after the scan")
                 for positions in tally.positions.get(key, ()):
                     losing = _is_loser(positions, drop)
                     lost += int(losing.sum())

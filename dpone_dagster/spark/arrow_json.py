@@ -98,6 +98,9 @@ def _read(values: pa.Array, schema: pa.Schema) -> pa.Table | None:
     # them inside strings, so a raw one is formatting — or two records in one value).
     if not pc.all(pc.starts_with(present, "{")).as_py():
         return None
+    # ... and ends with '}': a value cut short can never join the next one into made-up rows.
+    if not pc.all(pc.ends_with(present, "}")).as_py():
+        return None
     buffer = _lines(present)
     octets = np.frombuffer(buffer, np.uint8)
     if np.count_nonzero(octets == ord("\n")) != n or (octets == ord("\r")).any():
