@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from conftest import consume_raw, create_topic, produce_json, unique_topic
+from test_direct_path import manifest_text
 
 from dpone_dagster.engine.run import run_pipeline
 from dpone_dagster.errors import DataRefused
@@ -137,26 +138,6 @@ def test_accepted_values_and_not_null_compare_as_spark_does():
 # --------------------------------------------------------------------------- both paths, one batch
 
 
-def manifest_text(src: str, dst: str, state: Path, strategy: str, quality: str, sink_options: str = "", source_options: str = "") -> str:
-    return f"""
-name: checks_{dst}
-source:
-  type: kafka
-  connection_id: kafka_cluster
-  topic: {src}
-  options: {{{source_options + ", " if source_options else ""}group_id: g_{dst}}}
-sink:
-  type: kafka
-  connection_id: kafka_cluster
-  topic: {dst}
-  strategy: {strategy}
-  options: {{{sink_options}}}
-state: {{type: local, path: "{state}"}}
-quality:
-{quality}
-"""
-
-
 def comparable(gate: dict[str, Any]) -> dict[str, Any]:
     """A gate without what depends on the moment it ran (a freshness age)."""
     if gate["check_type"] != "freshness":
@@ -173,7 +154,10 @@ def run_on_both(
             monkeypatch.setenv("DPONE_DIRECT_PATH", "off")
         dst = unique_topic(f"c_{path}")
         create_topic(bs, dst, 2)
-        out.append(run_pipeline(parse_manifest(manifest_text(src, dst, tmp_path / path, strategy, quality, sink_options, source_options)), spark))
+        text = manifest_text(src, dst, tmp_path / path, strategy, sink_options, quality=f"quality:\n{quality}")
+        if source_options:
+            text = text.replace("options: {group_id:", f"options: {{{source_options}, group_id:")
+        out.append(run_pipeline(parse_manifest(text), spark))
     monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
     return out[0], out[1]
 
@@ -228,7 +212,7 @@ def test_a_failing_check_stops_the_direct_path_before_anything_is_produced(broke
     create_topic(bs, dst, 1)
     produce_json(bs, src, [{"order_id": i, "status": "new" if i != 7 else "lost"} for i in range(20)], partition=0)
     quality = "  mode: fail\n  checks: [{type: accepted_values, column: status, values: [new]}]"
-    manifest = parse_manifest(manifest_text(src, dst, tmp_path, "{mode: incremental_append, unique_key: order_id}", quality))
+    manifest = parse_manifest(manifest_text(src, dst, tmp_path, "{mode: incremental_append, unique_key: order_id}", quality=f"quality:\n{quality}"))
     with pytest.raises(DataRefused, match="1 row"):
         run_pipeline(manifest, spark)
     assert consume_raw(bs, dst) == []
