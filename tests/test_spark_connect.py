@@ -138,8 +138,8 @@ def test_dpone_run_and_dagster_materialize_on_a_connect_server(broker, connect_s
 
 
 def test_spark_sql_path_on_a_connect_server(broker, connect_server, tmp_path):
-    """A manifest the direct path does not cover (a not_null check on a column) runs its shuffle,
-    keep_last, check and encoding as Spark SQL on the server."""
+    """A manifest the direct path does not cover (a unique check off the unique key) runs its
+    shuffle, keep_last, check and encoding as Spark SQL on the server."""
     url, _ = connect_server
     bs = broker.bootstrap_servers
     src, dst = unique_topic("connect_sql"), unique_topic("connect_sql_out")
@@ -149,7 +149,7 @@ def test_spark_sql_path_on_a_connect_server(broker, connect_server, tmp_path):
         produce_json(bs, src, [{"order_id": i % 100, "version": partition * 1000 + i} for i in range(300)], partition=partition)
     state = tmp_path / "state"
     path = tmp_path / "connect_sql.yaml"
-    quality = "quality: {mode: fail, checks: [{type: not_null, columns: [version]}]}"
+    quality = "quality: {mode: fail, checks: [{type: unique, columns: [version]}]}"
     path.write_text(kafka_pipeline_yaml("connect_sql", src, dst, state, KEEP_LAST, "{headers: {static: {team: dwh}}}", quality))
     env = {**os.environ, "KAFKA_CLUSTER_BOOTSTRAP_SERVERS": bs, "DPONE_SPARK_REMOTE": url}
     run = dpone("run", str(path), "--format", "json", env=env, cwd=tmp_path)
@@ -259,3 +259,32 @@ def test_dead_letters_and_quality_checks_on_a_connect_server(broker, connect_ser
     assert failed.returncode != 0
     assert len(consume_all(bs, dst)) == 9
     assert LocalStateStore(str(state)).load_offsets(src, "dpone.connect_dq") == {0: 10}
+
+
+def test_bad_records_and_column_checks_on_the_direct_path_of_a_connect_server(broker, connect_server, tmp_path):
+    """The direct path on the server: the tasks set an undecodable record and a record without
+    its key aside, the driver judges them through the server and dead-letters them, and a column
+    check is measured in the tasks."""
+    url, _ = connect_server
+    bs = broker.bootstrap_servers
+    src, dst, dlq = unique_topic("connect_dbad"), unique_topic("connect_dbad_out"), unique_topic("connect_dbad_dlq")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    poison = b"{not json"
+    rows = [{"order_id": i, "amount": i * 10} for i in range(5)] + [poison, {"amount": 1}] + [{"order_id": i, "amount": i * 10} for i in range(7, 10)]
+    produce_json(bs, src, rows, partition=0)
+    state = tmp_path / "state"
+    path = tmp_path / "connect_dbad.yaml"
+    source_options = f"{{on_error: dead_letter, dead_letter: {{topic: {dlq}, create: true}}}}"
+    checks = "quality:\n  mode: fail\n  checks:\n    - {type: not_null, columns: [amount]}\n"
+    strategy = "{mode: incremental_merge, unique_key: order_id}"
+    path.write_text(kafka_pipeline_yaml("connect_dbad", src, dst, state, strategy, "{}", checks, source_options))
+    env = {**os.environ, "KAFKA_CLUSTER_BOOTSTRAP_SERVERS": bs, "DPONE_SPARK_REMOTE": url}
+    run = dpone("run", str(path), "--format", "json", env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    summary = json.loads(run.stdout)
+    assert summary["execution_path"] == "direct" and summary["rows_dead_lettered"] == 2
+    assert sorted(r["value"]["order_id"] for r in consume_all(bs, dst)) == [0, 1, 2, 3, 4, 7, 8, 9]
+    letters = {int(dict(r["headers"])["dpone.error.source.offset"]): r["value"] for r in consume_raw(bs, dlq)}
+    assert letters == {5: poison, 6: b'{"amount": 1}'}
+    assert LocalStateStore(str(state)).load_offsets(src, "dpone.connect_dbad") == {0: 10}

@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -82,8 +82,8 @@ class DirectSettings:
     row_checks: tuple[RowCheck, ...] = ()  # the quality checks measured on the decoded rows
     # late_records: dead_letter: late records are left out of the batch (the driver sends them).
     hold_back_late: bool = False
-    # Flat JSON: records the task decoder does not read are set aside for the driver to judge with
-    # Spark's own decoder (bad records follow source.options.on_error).
+    # JSON (flat or dpone envelopes): records the task decoder does not read are set aside for the
+    # driver to judge with Spark's own decoder (bad records follow source.options.on_error).
     screen_undecodable: bool = False
 
 
@@ -99,8 +99,9 @@ class ScanReport:
     deletes: int = 0  # deletes in the slices (left out of the messages when skipped)
     schema_ids: frozenset[int] = frozenset()  # a registry source: the schema ids its values carry
     checks: Tally | None = None  # the row-level quality checks' measures
-    # Raw records left out of the messages for the driver to judge as bad records (SET_ASIDE).
+    # Raw records left out of the messages for the driver to judge as bad records (SET_ASIDE_KEPT).
     set_aside: pa.Table | None = None
+    kept: tuple[tuple[Slice, int], ...] = ()  # the messages kept per slice
 
 
 class Refused(Exception):
@@ -193,12 +194,12 @@ def _decoded(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBa
     if settings.source_envelope == "dpone":
         decoded = arrow_json.decode_envelopes(values, settings.schema)
         if decoded is None:
-            raise Refused("an envelope the task decoder leaves to Spark (corrupt, another type, or a field beyond the schema)")
+            raise Undecodable("an envelope the task decoder leaves to Spark (corrupt, another type, or a field beyond the schema)")
         op, has_data, columns = decoded
         is_delete = pc.or_(tombstone, pc.fill_null(pc.is_in(op, pa.array(DELETE_OPS)), False))
         # An envelope without its op, or an upsert without its data, is a bad record.
         if pc.any(pc.and_(pc.invert(tombstone), pc.or_(op.is_null(), pc.and_(pc.invert(has_data), pc.invert(is_delete))))).as_py():
-            raise Refused("an envelope without its op, or an upsert without its data")
+            raise Undecodable("an envelope without its op, or an upsert without its data")
         return raw, columns, is_delete
     if settings.registry_source is not None:
         try:
@@ -231,7 +232,7 @@ def _kept_messages(
     except Undecodable:
         if not settings.screen_undecodable:
             raise
-        bad = pa.array(undecodable(raw.column("value"), settings.schema, SET_ASIDE_KEPT))
+        bad = pa.array(failing(raw.num_rows, lambda low, n: not _reads(settings, raw.slice(low, n)), SET_ASIDE_KEPT))
         if not pc.any(bad).as_py():
             raise Refused("a batch the task decoder reads record by record but not whole") from None
         aside.append(_aside(raw, bad, "undecodable"))
@@ -269,16 +270,26 @@ def _lengths(settings: DirectSettings, partition: int, messages: pa.RecordBatch)
     return lengths
 
 
-def undecodable(values: pa.Array, schema: pa.Schema, limit: int) -> np.ndarray:
-    """Which values the task decoder does not read (pure): halves of a failing range are tried
-    until single records are left, so a batch with few bad records costs few decodes. Past
-    `limit` bad records, Refused (the batch is the Spark SQL path's)."""
-    out = np.zeros(len(values), bool)
+def _reads(settings: DirectSettings, raw: pa.RecordBatch) -> bool:
+    """Whether the task decoder reads every record of `raw`."""
+    try:
+        _decoded(settings, raw)
+    except Undecodable:
+        return False
+    return True
+
+
+def failing(n: int, fails: Callable[[int, int], bool], limit: int) -> np.ndarray:
+    """Which of `n` records fail, where `fails(low, count)` says whether a range holds one (pure):
+    halves of a failing range are tried until single records are left, so a batch with few bad
+    records costs few decodes. Past `limit` failing records, Refused (the batch is the Spark SQL
+    path's)."""
+    out = np.zeros(n, bool)
     found = 0
-    ranges = [(0, len(values))]
+    ranges = [(0, n)]
     while ranges:
         low, high = ranges.pop()
-        if high <= low or arrow_json.decode_values(values.slice(low, high - low), schema) is not None:
+        if high <= low or not fails(low, high - low):
             continue
         if high - low == 1:
             out[low] = True
@@ -300,9 +311,11 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
     tally = Tally() if settings.row_checks else None
     set_aside: list[pa.RecordBatch] = []
     kept_aside = kept_bytes = 0
+    kept: list[tuple[Slice, int]] = []
     sweep_stale_spills(settings)
     try:
         for piece in slices:
+            kept.append((piece, 0))
             with _SpillWriter(spill_path(settings, piece)) as spill:
                 for raw in read_one_range(settings.reader, *piece):
                     raw, found_late = _screen_late(settings, piece[1], raw)
@@ -322,13 +335,14 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                     if settings.hashed:
                         hashes.append(key_hashes(messages.column("key")))
                     spill.write(messages)
+                    kept[-1] = (piece, kept[-1][1] + messages.num_rows)
                     rows += messages.num_rows + (found if settings.deletes == "skip" else 0)
                     size += int(pc.sum(lengths).as_py() or 0)
     except Refused as exc:
         return ScanReport(rows, size, str(exc))
     return ScanReport(
         rows, size, None, TaskHashes.of(hashes) if settings.hashed else None, late, deletes, frozenset(ids), tally,
-        pa.Table.from_batches(set_aside) if set_aside else None,
+        pa.Table.from_batches(set_aside) if set_aside else None, tuple(kept),
     )
 
 

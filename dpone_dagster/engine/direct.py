@@ -205,7 +205,8 @@ def copy(
         publish_dead_letters(bad.letters, result, log)  # the output leaves, letters first
         with stage(result, "load", log):
             left_out = _merged(skip, bad.positions())
-            rows_of_stats = produce_all(jobs, slots, settings, producer, groups, left_out, boundary, checkpoint, log, result)
+            expected = {piece: n - _within(skip, piece) for report in reports for piece, n in report.kept}
+            rows_of_stats = produce_all(jobs, slots, settings, producer, groups, left_out, expected, boundary, checkpoint, log, result)
         stats = aggregate(rows_of_stats)
         check_delivery(manifest, stats, result)
     except BaseException:  # the slices never produced keep their spill files until removed here
@@ -391,7 +392,7 @@ def _settings(
             delete_envelope=envelope_parts(C.DELETE, sink.strategy.mode, run_id, {"topic": source.topic}),
             row_checks=row_checks,
             hold_back_late=isinstance(planned.source, LateRecordScreen) and planned.source.policy == "dead_letter",
-            screen_undecodable=source_envelope == "flat" and registry is None,
+            screen_undecodable=registry is None,
         ),
         prepared,
         None,
@@ -479,6 +480,13 @@ def _settle_repeated_keys(
     if manifest.sink.strategy.mode != "incremental_merge" or policy not in ("keep_last", "keep_first"):
         raise _ToSparkSql(f"{repeated.num_rows} key(s) repeat in the batch (strategy {manifest.sink.strategy.mode}, duplicate_policy {policy})")
     return _losers(records.filter(pc.is_in(records["key"], repeated["key"])), policy)
+
+
+def _within(offsets: dict[int, np.ndarray], piece: task.Slice) -> int:
+    """How many of `offsets` (per partition) fall in the slice."""
+    _, partition, start, end = piece
+    found = offsets.get(partition)
+    return 0 if found is None else int(np.count_nonzero((found >= start) & (found < end)))
 
 
 def _merged(first: dict[int, np.ndarray], second: dict[int, np.ndarray]) -> dict[int, np.ndarray]:

@@ -57,6 +57,7 @@ def produce_all(
     producer: ProducerSettings,
     groups: list[list[Slice]],
     skip: Skip,
+    expected: dict[Slice, int],
     boundary: Boundary,
     checkpoint: Checkpoint | None,
     log: Log,
@@ -64,14 +65,16 @@ def produce_all(
 ) -> list[dict[str, Any]]:
     """Produce every kept message; the delivery statistics rows of every task. Slice by slice,
     storing as they are delivered, unless the state moves once or every slice fits in one wave
-    (storing slice by slice would bound nothing then): one job over the groups."""
+    (storing slice by slice would bound nothing then): one job over the groups. `expected`: the
+    messages each slice must deliver before its offsets may be stored (the scan's, less those
+    left out)."""
     pieces = [piece for group in groups for piece in group]
     if checkpoint is not None and len(pieces) > window:
         result.notes.append(
             f"direct path: offsets stored as slices are delivered; at most {window} slice(s) of at most "
             f"{max(p[3] - p[2] for p in pieces)} offsets delivered and not yet stored at any moment"
         )
-        return _slice_by_slice(jobs, window, settings, producer, pieces, skip, boundary, checkpoint, log)
+        return _slice_by_slice(jobs, window, settings, producer, pieces, skip, expected, boundary, checkpoint, log)
     largest = max(sum(p[3] - p[2] for p in group) for group in groups)
     seconds = deadline_s(largest, producer.flush_timeout_s, waves(len(groups), window))
     bounded = producer.bounded(seconds)
@@ -96,6 +99,7 @@ def _slice_by_slice(
     producer: ProducerSettings,
     pieces: list[Slice],
     skip: Skip,
+    expected: dict[Slice, int],
     boundary: Boundary,
     checkpoint: Checkpoint,
     log: Log,
@@ -132,8 +136,16 @@ def _slice_by_slice(
                     schedule.stop()
                     continue
                 rows.extend(piece_rows)
-                if not aggregate(piece_rows).ok:
+                stats = aggregate(piece_rows)
+                if not stats.ok:
                     schedule.stop()  # check_delivery reports it
+                    continue
+                if stats.delivered != expected.get(piece, stats.delivered):  # the slice read again gave other messages
+                    failure = failure or RunFailed(
+                        f"{piece[0]}[{piece[1]}] offsets {piece[2]}-{piece[3]}: {stats.delivered} message(s) acknowledged where the "
+                        f"batch was judged with {expected[piece]}; nothing of it was stored"
+                    )
+                    schedule.stop()
                     continue
                 moved = schedule.delivered(piece)
                 if moved:
