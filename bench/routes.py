@@ -6,8 +6,13 @@ broker and one source topic of JSON order events.
 Per route: (h) one confluent-kafka consumer → json.loads → the route's encoding → one producer;
 (e) `run_pipeline` on the route's manifest (the Spark session is started once, before the first
 (e), and not counted). Printed per route: throughput e/h, messages per CPU second e/h (the whole
-process tree of each phase, the broker excluded), the path the engine took, and pass/fail against
-the goals (throughput ≥ 1.2, CPU ≥ 0.8).
+process tree of each phase, the broker excluded), the engine's peak memory (driver, JVM, Python
+workers: run at 1M and at 4M messages to see whether it stays flat), the path the engine took,
+and pass/fail against the goals (throughput ≥ 1.2, CPU ≥ 0.8).
+
+`postgres_json` is seed 002's route on PostgreSQL: as many rows of a fresh database's
+`public.orders` (bench/sql2k.py: 127.0.0.1:5432, user postgres) into Kafka JSON; (h) is a psycopg2
+server-side cursor → json.dumps → one producer, (e) a `source.type: postgres` manifest.
 
 Hand loops use the engine's consumer and producer settings (bench/k2k.py), so the figures compare
 the loops. The registry is the in-memory one; the hand loops register their schema once and frame
@@ -26,6 +31,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from bench import sql2k
 from bench.common import (
     TreeSampler,
     create_topic,
@@ -35,7 +41,7 @@ from bench.common import (
     topic_count,
     topic_end_offsets,
 )
-from bench.k2k import _cpu, _phase, engine_consumer_config, engine_producer_config, start_spark
+from bench.k2k import _cpu, _mb, _phase, engine_consumer_config, engine_producer_config
 
 GOALS = {"throughput": 1.2, "cpu": 0.8}
 Encode = Callable[[bytes], tuple[bytes, bytes, list[tuple[str, bytes]] | None]]
@@ -70,7 +76,9 @@ ROUTES: dict[str, tuple[str, str]] = {  # route -> (strategy, sink options)
     "json_schema": (APPEND, "{message_format: json_schema, schema_registry: {enabled: true}}"),
     "protobuf": (APPEND, "{message_format: protobuf, schema_registry: {enabled: true, protobuf_message: 'bench.orders_pb2:Order'}}"),
     "avro_source_to_json": (APPEND, "{}"),
+    "postgres_json": (MERGE, "{}"),  # bench/sql2k.py's manifest and loop
 }
+SQL_ROUTES = ("postgres_json",)
 # Routes that read the events framed by the registry instead of as JSON (a copy of the source topic).
 SOURCE_FORMATS = {"avro_source_to_json": "avro"}
 
@@ -272,25 +280,58 @@ def run_routes(
         if route in SOURCE_FORMATS:
             log(f"{route}: copying the events as {SOURCE_FORMATS[route]} (untimed)")
             route_src = avro_copy(bootstrap, src, registry_url, partitions)
-        log(f"{route}: (h) hand-written loop")
-        encode = hand_encoder(route, route_src, hand_dst, registry_url)
-        with _phase(sampler, f"{route}_h") as peaks:
-            n, seconds, failed = hand_loop(bootstrap, route_src, hand_dst, encode)
-        hand = {"messages": n, "seconds": round(seconds, 2), "failed": failed, "cpu": _cpu(peaks)}
-        if spark is None:
-            log("starting Spark")
-            spark, _ = start_spark()
-        log(f"{route}: (e) dpone run_pipeline")
-        with _phase(sampler, f"{route}_e") as peaks:
-            result, seconds = engine_run(spark, route, bootstrap, route_src, engine_dst, registry_url)
-        engine = {
-            "messages": result.messages_produced, "seconds": round(seconds, 2), "path": result.execution_path,
-            "in_topic": topic_count(bootstrap, engine_dst), "stage_seconds": result.timings, "cpu": _cpu(peaks),
-        }
+        if spark is None and route in SQL_ROUTES:
+            log("starting Spark (with the PostgreSQL JDBC driver)")
+            spark, _ = sql2k.start_spark_with_jdbc()
+        if route in SQL_ROUTES:
+            hand, engine = _sql_route(spark, sampler, route, bootstrap, messages, partitions, hand_dst, engine_dst, log)
+        else:
+            log(f"{route}: (h) hand-written loop")
+            encode = hand_encoder(route, route_src, hand_dst, registry_url)
+            with _phase(sampler, f"{route}_h") as peaks:
+                n, seconds, failed = hand_loop(bootstrap, route_src, hand_dst, encode)
+            hand = {"messages": n, "seconds": round(seconds, 2), "failed": failed, "cpu": _cpu(peaks)}
+            if spark is None:
+                log("starting Spark (with the PostgreSQL JDBC driver)")
+                spark, _ = sql2k.start_spark_with_jdbc()
+            log(f"{route}: (e) dpone run_pipeline")
+            with _phase(sampler, f"{route}_e") as peaks:
+                result, seconds = engine_run(spark, route, bootstrap, route_src, engine_dst, registry_url)
+            engine = {
+                "messages": result.messages_produced, "seconds": round(seconds, 2), "path": result.execution_path,
+                "in_topic": topic_count(bootstrap, engine_dst), "stage_seconds": result.timings, "cpu": _cpu(peaks),
+                "memory_mb": _mb(peaks),
+            }
         topics = {"hand": hand_dst, "engine": engine_dst}
         report["routes"][route] = {"hand": hand, "engine": engine, "topics": topics, **ratios(hand, engine)}
     sampler.stop()
     return report
+
+
+def _sql_route(
+    spark: Any, sampler: TreeSampler, route: str, bootstrap: str, rows: int, partitions: int, hand_dst: str, engine_dst: str, log: Callable[[str], None]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A database of `rows` orders (untimed), the psycopg2 loop (h) and the engine (e) from it."""
+    log(f"{route}: filling a PostgreSQL table with {rows} rows (untimed)")
+    database, _ = sql2k.create_database(rows)
+    try:
+        log(f"{route}: (h) psycopg2 loop")
+        with _phase(sampler, f"{route}_h") as peaks:
+            loop = sql2k.plain_loop({"host": sql2k.PG_HOST, "port": sql2k.PG_PORT, "user": sql2k.PG_USER, "dbname": database}, bootstrap, hand_dst, False)
+        hand = {"messages": loop["messages"], "seconds": round(loop["seconds"], 2), "failed": loop["failed"], "cpu": _cpu(peaks)}
+        log(f"{route}: (e) dpone run_pipeline")
+        with _phase(sampler, f"{route}_e") as peaks:
+            run = sql2k.engine_run(spark, database, bootstrap, engine_dst, partitions)
+        if "skipped" in run:
+            raise RuntimeError(f"{route}: {run['skipped']}")
+        engine = {
+            "messages": run["delivered"], "seconds": round(run["seconds"], 2), "path": run["path"],
+            "in_topic": topic_count(bootstrap, engine_dst), "stage_seconds": run["stage_seconds"], "cpu": _cpu(peaks),
+            "memory_mb": _mb(peaks),
+        }
+        return hand, engine
+    finally:
+        sql2k.drop_database(database)
 
 
 def ratios(hand: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
@@ -307,12 +348,14 @@ def ratios(hand: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
 
 def print_report(report: dict[str, Any], out: Any = sys.stdout) -> None:
     print(f"routes: {report['messages']} messages, {report['partitions']} partitions; goals: throughput e/h ≥ {GOALS['throughput']}, messages per CPU s e/h ≥ {GOALS['cpu']}", file=out)
-    print(f"{'route':24} {'hand msg/s':>11} {'dpone msg/s':>12} {'e/h':>6} {'cpu e/h':>8}  path       goals", file=out)
+    print(f"{'route':24} {'hand msg/s':>11} {'dpone msg/s':>12} {'e/h':>6} {'cpu e/h':>8} {'peak MB drv/jvm/py':>19}  path       goals", file=out)
     for route, r in report["routes"].items():
         hand, engine = r["hand"], r["engine"]
+        memory = engine.get("memory_mb") or {}
+        peaks = "/".join(f"{memory.get(k, 0):.0f}" for k in ("driver_rss", "jvm_rss", "workers_rss"))
         print(
             f"{route:24} {hand['messages'] / hand['seconds']:>11,.0f} {engine['messages'] / engine['seconds']:>12,.0f} "
-            f"{r['throughput_ratio']:>6.2f} {r['cpu_ratio'] if r['cpu_ratio'] is not None else '-':>8}  {engine['path']:10} "
+            f"{r['throughput_ratio']:>6.2f} {r['cpu_ratio'] if r['cpu_ratio'] is not None else '-':>8} {peaks:>19}  {engine['path']:10} "
             f"{'pass' if r['meets_goals'] else 'FAIL'}",
             file=out,
         )

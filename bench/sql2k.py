@@ -288,6 +288,7 @@ def engine_run(spark: Any, database: str, bootstrap: str, topic: str, num_partit
         "failed": result.rows_extracted - result.duplicates_removed - result.messages_produced,
         "stage_seconds": result.timings,
         "notes": result.notes,
+        "path": result.execution_path,
     }
 
 

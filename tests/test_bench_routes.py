@@ -1,5 +1,6 @@
 """Smoke test of `python -m bench.routes`: every route on a few thousand events, on the shared
-broker and Spark session. Each route's engine run takes the direct path and delivers every event,
+broker and Spark session. Each Kafka route's engine run takes the direct path (the PostgreSQL
+route the Spark SQL path) and delivers every event,
 and the hand-written loop it is measured against does the same work: past the registry's frame
 (whose id differs per subject), its values are the engine's, byte for byte (the Avro source's
 loop: the same events)."""
@@ -11,7 +12,7 @@ from typing import Any
 
 from conftest import consume_raw
 
-from bench.routes import ROUTES, run_routes
+from bench.routes import ROUTES, SQL_ROUTES, run_routes
 
 MESSAGES = 3000
 FRAME = {"avro": 5, "json_schema": 5, "protobuf": 6}  # magic byte, schema id (protobuf: message index 0)
@@ -24,8 +25,9 @@ def test_every_route_runs_direct_and_matches_its_hand_loop(broker, spark):
     for route, figures in report["routes"].items():
         hand, engine = figures["hand"], figures["engine"]
         assert hand["messages"] == MESSAGES and hand["failed"] == 0, route
-        assert engine["path"] == "direct", route
+        assert engine["path"] == ("spark_sql" if route in SQL_ROUTES else "direct"), route
         assert engine["messages"] == engine["in_topic"] == MESSAGES, route
+        assert engine["memory_mb"]["samples"] >= 0 and "driver_rss" in engine["memory_mb"], route
         assert figures["throughput_ratio"] > 0, route
         if route in FRAME:
             skip = FRAME[route]
