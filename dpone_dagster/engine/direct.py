@@ -175,7 +175,8 @@ def copy(
             bad.judge_keyless(result)
             if settings.deletes == "skip":
                 result.deletes_skipped = deletes
-            skip, removed = _settle_repeated_keys(manifest, spark, jobs, settings, groups, found, read_bound, bad.positions())
+            set_aside = bad.positions()
+            skip, removed = _settle_repeated_keys(manifest, spark, jobs, settings, groups, found, read_bound, set_aside)
             unpublished = _merged(skip, bad.positions("keyless"))  # not among the rows as published
             published = rows - removed - result.deletes_skipped - bad.left_out
             _gates(manifest, planned, settings, tally, unpublished, result, published, "quality_published", "published", log)
@@ -204,7 +205,7 @@ def copy(
             settings = replace(settings, value_prefix=direct_registry.register(manifest, prepared, registry_config, result))
         publish_dead_letters(bad.letters, result, log)  # the output leaves, letters first
         with stage(result, "load", log):
-            left_out = _merged(skip, bad.positions())
+            left_out = _merged(skip, set_aside)
             expected = {piece: n - _within(skip, piece) for report in reports for piece, n in report.kept}
             rows_of_stats = produce_all(jobs, slots, settings, producer, groups, left_out, expected, boundary, checkpoint, log, result)
         stats = aggregate(rows_of_stats)
@@ -243,7 +244,7 @@ class _BadRecords:
             return {}
         picked = self.aside if kind is None else self.aside.filter(pc.equal(self.aside["kind"], kind))
         partitions, offsets = picked["partition"].to_numpy(), picked["offset"].to_numpy()
-        return {int(p): np.sort(offsets[partitions == p]) for p in np.unique(partitions)}
+        return _by_partition(partitions, offsets)
 
     def judge_undecodable(self, result: RunResult) -> None:
         n = self.count("undecodable")
@@ -504,7 +505,12 @@ def _losers(records: pa.Table, policy: str) -> tuple[dict[int, np.ndarray], int]
     dropped = ranked.filter(pa.array(~first))
     partitions = dropped["partition"].to_numpy()
     offsets = dropped["offset"].to_numpy()
-    return {int(p): np.sort(offsets[partitions == p]) for p in np.unique(partitions)}, int(len(offsets))
+    return _by_partition(partitions, offsets), int(len(offsets))
+
+
+def _by_partition(partitions: np.ndarray, offsets: np.ndarray) -> dict[int, np.ndarray]:
+    """Source offsets grouped by partition, each sorted (the form the produce tasks skip by)."""
+    return {int(p): np.sort(offsets[partitions == p]) for p in np.unique(partitions)}
 
 
 def _gates(
