@@ -5,18 +5,27 @@ from __future__ import annotations
 
 import random
 import struct
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 
 import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
+    BinaryType,
     BooleanType,
+    ByteType,
+    DateType,
+    DecimalType,
     DoubleType,
+    IntegerType,
     LongType,
+    ShortType,
     StringType,
     StructField,
     StructType,
+    TimestampType,
 )
 
 from dpone_dagster.sinks.json_encode import Unencodable, encode, encode_object, java_double, json_string
@@ -156,3 +165,68 @@ def test_the_python_flavour_writes_what_json_dumps_writes():
     columns = [table.column(i).combine_chunks() for i in range(table.num_columns)]
     got = encode_object(columns, table.column_names, PYTHON).to_pylist()
     assert got == [_json.dumps(r, separators=(",", ":"), ensure_ascii=False, allow_nan=False) for r in rows]
+
+
+SQL_TYPES = StructType(
+    [
+        StructField("small", ShortType()),
+        StructField("tiny", ByteType()),
+        StructField("whole", IntegerType()),
+        StructField("money", DecimalType(12, 2)),
+        StructField("fine", DecimalType(20, 10)),  # BigDecimal.toString: 0E-10, 1.000E-7
+        StructField("at", TimestampType()),
+        StructField("on", DateType()),
+        StructField("blob", BinaryType()),
+    ]
+)
+
+
+def _sql_row(rng: random.Random) -> tuple:
+    maybe = lambda v: None if rng.random() < 0.1 else v  # noqa: E731
+    seconds = rng.choice([0, rng.randint(-62_135_596_800, 253_402_300_799), rng.randint(1_600_000_000, 1_900_000_000)])
+    fine = rng.choice([0, 1, 1000, -1234, rng.randint(-(10**19) + 1, 10**19 - 1), rng.randint(-(10**6), 10**6)])
+    return (
+        maybe(rng.randint(-(2**15), 2**15 - 1)),
+        maybe(rng.randint(-128, 127)),
+        maybe(rng.randint(-(2**31), 2**31 - 1)),
+        maybe(Decimal(rng.randint(-(10**12) + 1, 10**12 - 1)).scaleb(-2)),
+        maybe(Decimal(fine).scaleb(-10)),
+        maybe(datetime(1970, 1, 1, tzinfo=UTC) + timedelta(seconds=seconds, microseconds=rng.choice([0, 500_000, rng.randint(0, 999_999)]))),
+        maybe(date(1, 1, 1) + timedelta(days=rng.randint(0, 3_652_058))),
+        maybe(bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 7)))),
+    )
+
+
+def test_sql_types_are_written_as_spark_writes_them(spark):
+    """What a SQL source (or a registry source) adds to the JSON rows — short ints, decimals of
+    either notation, UTC timestamps and dates of every year, binary — encoded from the Arrow
+    batches Spark itself hands to Python, against Spark's `to_json` and `cast(... as string)`
+    (the key of one column) on the same rows."""
+    from dpone_dagster.shape.keys import as_text
+
+    rng = random.Random(20261126)
+    frame = spark.createDataFrame([_sql_row(rng) for _ in range(20_000)], SQL_TYPES).cache()
+    columns = [f"`{n}`" for n in SQL_TYPES.names]
+    expected = frame.select(
+        F.to_json(F.struct(*[F.col(c) for c in columns]), JSON_WRITE_OPTIONS).alias("json"),
+        *[F.col(c).cast("string").cast("binary") if c == "`blob`" else F.col(c).cast("string") for c in columns],  # a key's bytes
+    ).collect()
+    table = frame.toArrow()
+    got = encode_object([table.column(i).combine_chunks() for i in range(table.num_columns)], SQL_TYPES.names).to_pylist()
+    mismatches = [(g, e["json"]) for g, e in zip(got, expected, strict=True) if g != e["json"]]
+    assert not mismatches[:5]
+    for i, name in enumerate(SQL_TYPES.names):
+        column = table.column(i).combine_chunks()
+        text = as_text(column).to_pylist()
+        wanted = [None if e[i + 1] is None else (bytes(e[i + 1]) if name == "blob" else e[i + 1]) for e in expected]
+        assert [(t, w) for t, w in zip(text, wanted, strict=True) if t != w][:5] == [], name
+    frame.unpersist()
+
+
+def test_timestamps_out_of_java_years_and_other_zones_are_refused():
+    with pytest.raises(Unencodable):
+        encode(pa.array([0], pa.timestamp("us", tz="Europe/Berlin")))
+    with pytest.raises(Unencodable):
+        encode(pa.array([0], pa.timestamp("us")))  # TIMESTAMP_NTZ: Spark writes it without a zone
+    with pytest.raises(Unencodable):
+        encode(pa.array([-62_135_596_800_000_001], pa.timestamp("us", tz="UTC")))  # year 0

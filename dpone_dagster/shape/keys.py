@@ -20,17 +20,35 @@ def unique_key(columns: list[pa.Array], names: list[str], key_columns: tuple[int
     if key_columns is None:
         return pa.nulls(n, pa.binary())
     if len(key_columns) == 1:
-        column = columns[key_columns[0]]
-        kind = column.type
-        if pa.types.is_string(kind) or pa.types.is_int64(kind):
-            return pc.cast(column, pa.string()).cast(pa.binary())
-        if pa.types.is_boolean(kind):
-            return pc.if_else(column, "true", "false").cast(pa.binary())
-        raise json_encode.Unencodable(f"a unique key of type {kind}")
+        return as_text(columns[key_columns[0]]).cast(pa.binary())
     chosen = [columns[i] for i in key_columns]
     encoded = json_encode.encode_object(chosen, [names[i] for i in key_columns])
     any_set = pc.or_kleene(*[c.is_valid() for c in chosen]) if len(chosen) > 1 else chosen[0].is_valid()
     return pc.if_else(any_set, encoded, pa.scalar(None, pa.string())).cast(pa.binary())
+
+
+def as_text(column: pa.Array) -> pa.Array:
+    """A column as Spark's `cast(column as string)` writes it (binary stays its bytes). Raises
+    json_encode.Unencodable for a type or value it cannot write exactly."""
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_binary(kind) or (pa.types.is_integer(kind) and pa.types.is_signed_integer(kind)):
+        return pc.cast(column, pa.string()) if not pa.types.is_binary(kind) else column
+    if pa.types.is_boolean(kind):
+        return pc.if_else(column, "true", "false")
+    if pa.types.is_float64(kind):
+        return json_encode.SPARK.doubles(column)
+    if pa.types.is_decimal128(kind):  # toPlainString: 0.0000000000, never 0E-10
+        text = pc.cast(column, pa.string())
+        scientific = pc.fill_null(pc.match_substring(text, "E"), False)
+        if not pc.any(scientific).as_py():
+            return text
+        plain = [format(v, "f") for v in pc.filter(column, scientific).to_pylist()]
+        return pc.replace_with_mask(text, scientific, pa.array(plain, pa.string()))
+    if pa.types.is_timestamp(kind):  # 2026-01-01 00:01:01.5: the fraction without trailing zeros
+        return pc.replace_substring_regex(json_encode.timestamp_text(column, " "), r"\.?0+$", "")
+    if pa.types.is_date32(kind):
+        return json_encode.date_text(column)
+    raise json_encode.Unencodable(f"a unique key of type {kind}")
 
 
 def hash_row(columns: list[pa.Array], names: list[str]) -> pa.Array:

@@ -9,7 +9,10 @@ against Spark on millions of values, tests/test_json_encode.py) but not always o
 double makes the batch unencodable (`Unencodable`) and the run takes the Spark SQL path.
 
 Every step is a vectorised Arrow kernel; values that need a rare rule (an escape, a double outside
-[1e-3, 1e7)) are formatted in Python one by one.
+[1e-3, 1e7)) are formatted in Python one by one. The types a SQL source or a registry source adds
+are written as Spark writes them with the session time zone UTC (spark/session.py): decimals as
+Java's `BigDecimal.toString` (Arrow's cast writes the same, `0E-10` included), timestamps as
+`yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX` (`Z`), dates as `yyyy-MM-dd`, binary as base64.
 
 `PYTHON` is the other flavour: what `json.dumps(obj, separators=(",", ":"), ensure_ascii=False,
 allow_nan=False)` writes (the JSON Schema sink's values, schema/json_schema.encode_json): control
@@ -18,6 +21,7 @@ characters as lower-case `\\u00xx`, doubles as Python's `repr`.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -94,7 +98,7 @@ def encode(array: pa.Array, flavor: Flavor | None = None) -> pa.Array:
     `Unencodable` for a type or value the flavour's writer would write differently."""
     flavor = flavor or SPARK
     kind = array.type
-    if pa.types.is_int64(kind) or pa.types.is_int32(kind):
+    if pa.types.is_integer(kind) and pa.types.is_signed_integer(kind):
         return pc.cast(array, pa.string())
     if pa.types.is_boolean(kind):
         return pc.if_else(array, "true", "false")
@@ -107,7 +111,51 @@ def encode(array: pa.Array, flavor: Flavor | None = None) -> pa.Array:
     if pa.types.is_struct(kind):
         names = [kind.field(i).name for i in range(kind.num_fields)]
         return _object(array.flatten(), names, array.is_valid() if array.null_count else None, flavor)
+    if flavor is SPARK:
+        typed = _spark_typed(array)
+        if typed is not None:
+            return typed
     raise Unencodable(f"no JSON encoding for Arrow type {kind}")
+
+
+def _spark_typed(array: pa.Array) -> pa.Array | None:
+    """Decimals, UTC timestamps, dates and binary as Spark's `to_json` writes them (None: another
+    type)."""
+    kind = array.type
+    if pa.types.is_decimal128(kind):
+        return pc.cast(array, pa.string())  # BigDecimal.toString: plain, or 1.000E-7 / 0E-10
+    if pa.types.is_timestamp(kind):
+        return pc.binary_join_element_wise('"', timestamp_text(array, "T"), 'Z"', "")
+    if pa.types.is_date32(kind):
+        return pc.binary_join_element_wise('"', date_text(array), '"', "")
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        text = [None if v is None else '"' + base64.b64encode(v).decode("ascii") + '"' for v in array.to_pylist()]
+        return pa.array(text, pa.string())
+    return None
+
+
+def timestamp_text(array: pa.Array, separator: str) -> pa.Array:
+    """A UTC timestamp column as `yyyy-MM-dd<separator>HH:mm:ss.SSSSSS` (no zone); years 1 to
+    9999 only, whose text is the same in Arrow and Java."""
+    kind = array.type
+    if kind.unit != "us" or kind.tz not in ("UTC", "Etc/UTC", "+00:00"):
+        raise Unencodable(f"a timestamp of type {kind} (Spark writes UTC microseconds)")
+    _check_years(array)
+    return pc.strftime(array, format=f"%Y-%m-%d{separator}%H:%M:%S")
+
+
+def date_text(array: pa.Array) -> pa.Array:
+    """A date column as `yyyy-MM-dd` (years 1 to 9999)."""
+    _check_years(array)
+    return pc.strftime(array, format="%Y-%m-%d")
+
+
+def _check_years(array: pa.Array) -> None:
+    if array.null_count == len(array):
+        return
+    years = pc.year(array)
+    if pc.min(years).as_py() < 1 or pc.max(years).as_py() > 9999:
+        raise Unencodable("a date or timestamp outside the years 1 to 9999")
 
 
 def encode_object(columns: list[pa.Array], names: list[str], flavor: Flavor | None = None) -> pa.Array:
