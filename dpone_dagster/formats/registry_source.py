@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql.types import StructType
 
 if TYPE_CHECKING:
     from dpone_dagster.sources.kafka import RegistryPlan
@@ -27,6 +28,21 @@ def schema_ids(values: pa.Array) -> set[int]:
     """The schema ids framed in `values` (null values, tombstones, have none)."""
     framed = pc.binary_slice(values.filter(pc.greater_equal(pc.fill_null(pc.binary_length(values), 0), 5)), 1, 5)
     return {int.from_bytes(v, "big") for v in pc.unique(framed).to_pylist()}
+
+
+def arrow_schema(payload: StructType) -> pa.Schema | None:
+    """The Arrow types the values are decoded into: those the Spark SQL path's decoder builds
+    (spark/registry_codec.decode_registry), so that both paths hold the same values; None for a
+    payload Arrow cannot hold."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    from dpone_dagster.spark.registry_codec import nullable_schema
+
+    try:
+        struct = to_arrow_type(nullable_schema(payload), timezone="UTC")
+    except Exception:  # noqa: BLE001 - a type without an Arrow form: the Spark SQL path decodes it
+        return None
+    return pa.schema(list(struct))
 
 
 def decode_values(plan: RegistryPlan, raw: pa.RecordBatch, schema: pa.Schema) -> list[pa.Array]:

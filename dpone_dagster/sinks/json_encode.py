@@ -158,6 +158,17 @@ def _check_years(array: pa.Array) -> None:
         raise Unencodable("a date or timestamp outside the years 1 to 9999")
 
 
+def unencodable_type(schema: pa.Schema) -> str | None:
+    """Why a column of `schema` has a type this encoder never writes (None: every type it may
+    write, values permitting)."""
+    for field in schema:
+        try:
+            encode(pa.array([], field.type))
+        except Unencodable as exc:
+            return f"column {field.name}: {exc}"
+    return None
+
+
 def encode_object(columns: list[pa.Array], names: list[str], flavor: Flavor | None = None) -> pa.Array:
     """One JSON object per row of `columns` (the fields `names`, in order, nulls written)."""
     return _object(columns, names, None, flavor or SPARK)
