@@ -24,13 +24,12 @@ import pyarrow.ipc as ipc
 
 from dpone_dagster.direct.keys import TaskHashes, key_hashes
 from dpone_dagster.direct.progress import Slice
-from dpone_dagster.formats import registry_source, registry_values
+from dpone_dagster.formats import registry_source
 from dpone_dagster.quality import arrow_checks
 from dpone_dagster.quality.arrow_checks import RowCheck, Tally
-from dpone_dagster.shape import envelope, keys
 from dpone_dagster.shape import headers as message_headers
+from dpone_dagster.shape import message
 from dpone_dagster.shape.headers import HeaderSpec
-from dpone_dagster.sinks import json_encode
 from dpone_dagster.sinks.kafka import ProducerSettings, produce_batches
 from dpone_dagster.sources.kafka_reader import ReaderSettings, read_one_range
 from dpone_dagster.spark import arrow_json
@@ -86,6 +85,13 @@ class DirectSettings:
     # driver to judge with Spark's own decoder (bad records follow source.options.on_error).
     screen_undecodable: bool = False
 
+    @property
+    def message_rule(self) -> message.MessageRule:
+        """How a row becomes its message (shape/message.py)."""
+        return message.MessageRule(
+            self.key_columns, self.hash_row, self.value_format, self.envelope, self.deletes, self.delete_envelope, self.source_key_for_deletes
+        )
+
 
 @dataclass(frozen=True)
 class ScanReport:
@@ -140,31 +146,12 @@ def shape(settings: DirectSettings, raw: pa.RecordBatch, partition: int = 0, tal
     if deletes and settings.deletes == "skip":
         kept = pc.invert(is_delete)
         raw, columns, is_delete = raw.filter(kept), [c.filter(kept) for c in columns], is_delete.filter(kept)
-    names = settings.schema.names
     try:
-        if settings.value_format is not None:
-            fmt, schema_str, indexes, references = settings.value_format
-            if deletes and settings.deletes == "tombstone":  # a tombstone's value is never encoded
-                upserts = pc.invert(is_delete)
-                encoded = registry_values.encode_values(fmt, [c.filter(upserts) for c in columns], names, schema_str, indexes, references)
-                value = _spread(encoded, upserts)
-            else:
-                value = registry_values.encode_values(fmt, columns, names, schema_str, indexes, references)
-        else:
-            data = json_encode.encode_object(columns, names)
-            value = envelope.wrap(data, settings.envelope) if settings.envelope is not None else data
-            if deletes and settings.deletes == "event" and settings.delete_envelope is not None:
-                value = pc.if_else(is_delete, envelope.wrap(data, settings.delete_envelope), value)
-            value = value.cast(pa.binary())
-        key = keys.hash_row(columns, names) if settings.hash_row else keys.unique_key(columns, names, settings.key_columns)
-    except (json_encode.Unencodable, registry_values.Unencodable) as exc:
+        key, value = message.key_and_value(settings.message_rule, columns, settings.schema.names, is_delete, raw.column("key"))
+    except message.Unwritable as exc:
         raise Refused(str(exc)) from exc
-    if deletes and settings.source_key_for_deletes:  # a delete without its key columns: the source key
-        key = pc.if_else(pc.and_(is_delete, key.is_null()), raw.column("key"), key)
-        if pc.any(pc.and_(is_delete, key.is_null())).as_py():
-            raise Refused("a delete without any key")
-    if deletes and settings.deletes == "tombstone":
-        value = pc.if_else(is_delete, pa.scalar(None, pa.binary()), value)
+    if deletes and settings.source_key_for_deletes and pc.any(pc.and_(is_delete, key.is_null())).as_py():
+        raise Refused("a delete without any key")
     keyless = pa.array([], pa.int64())
     if settings.key_columns is not None and key.null_count:  # upserts only: a delete has its key by now
         missing = key.is_null()
@@ -178,12 +165,6 @@ def shape(settings: DirectSettings, raw: pa.RecordBatch, partition: int = 0, tal
 
 
 DELETE_OPS = ("delete", "d", "DELETE", "D")  # as the Spark SQL path reads them (spark/decode.py)
-
-
-def _spread(values: pa.Array, where: pa.Array) -> pa.Array:
-    """`values` (one per true of `where`) back in the rows of `where`, null elsewhere."""
-    positions = pc.subtract(pc.cumulative_sum(pc.cast(where, pa.int64())), 1)
-    return values.take(pc.if_else(where, positions, pa.scalar(None, pa.int64())))
 
 
 def _decoded(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBatch, list[pa.Array], pa.Array]:

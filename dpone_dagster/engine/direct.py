@@ -69,10 +69,9 @@ from dpone_dagster.kafka.delivery import aggregate
 from dpone_dagster.manifest.models import KafkaSink, KafkaSource, Manifest
 from dpone_dagster.quality import arrow_checks
 from dpone_dagster.quality.arrow_checks import Tally
-from dpone_dagster.shape import keys
+from dpone_dagster.shape import message
 from dpone_dagster.shape.envelope import envelope_parts
 from dpone_dagster.shape.headers import HeaderSpec
-from dpone_dagster.sinks import json_encode
 from dpone_dagster.sinks.dead_letters import DeadLetters
 from dpone_dagster.sinks.registry import PreparedSchema
 from dpone_dagster.sources.kafka import KafkaBatchSource
@@ -360,7 +359,8 @@ def _settings(
             return None, None, f"unique_key column(s) {missing} not in the batch"
         key_columns = tuple(names.index(c) for c in sink.strategy.unique_key_columns)
     message_key = tuple(names[i] for i in key_columns) if key_columns is not None and sink.options.key.mode == "unique_key" else ()
-    reason = _unwritable(manifest, schema, key_columns)
+    options = sink.options
+    reason = message.unwritable_type(schema, key_columns, options.message_format == "json", options.key.mode == "hash_row")
     if reason is not None:
         return None, None, reason
     row_checks, reason = arrow_checks.row_checks(manifest.quality.checks, schema, message_key)
@@ -404,25 +404,6 @@ def _settings(
         prepared,
         None,
     )
-
-
-def _unwritable(manifest: Manifest, schema: pa.Schema, key_columns: tuple[int, ...] | None) -> str | None:
-    """Why the tasks cannot write a message of `schema`'s rows whatever their values (a type the
-    JSON encoder or a key's text does not write as Spark does), or None."""
-    options = manifest.sink.options
-    in_json = schema if options.message_format == "json" or options.key.mode == "hash_row" else None
-    if in_json is None and key_columns is not None and len(key_columns) > 1:
-        in_json = pa.schema([schema.field(i) for i in key_columns])
-    reason = json_encode.unencodable_type(in_json) if in_json is not None else None
-    if reason is not None:
-        return f"a message whose JSON holds {reason}"
-    if key_columns is not None and len(key_columns) == 1:
-        field = schema.field(key_columns[0])
-        try:
-            keys.as_text(pa.array([], field.type))
-        except json_encode.Unencodable as exc:
-            return f"the key {field.name}: {exc}"
-    return None
 
 
 def _delete_mode(manifest: Manifest) -> str:

@@ -1,0 +1,98 @@
+"""A message's key and value from a batch of decoded rows (pure, Arrow): the one rule both the
+direct path's tasks (direct/task.py) and the Spark SQL path's kept batch (engine/stages/
+arrow_messages.py) write messages with.
+
+The key follows sink.options.key (shape/keys.py); the value is the row's JSON as Spark's `to_json`
+writes it (sinks/json_encode.py), in the dpone envelope when asked (shape/envelope.py), or the
+registered schema's bytes, unframed (formats/registry_values.py). A delete becomes what
+`deletes` says: a tombstone (no value), an envelope with op delete, or, disabled, the row as any
+other (the caller leaves it out or fails). Rows without their key keep a null key: the caller
+judges them (bad records, or a delete's source key).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dpone_dagster.formats import registry_values
+from dpone_dagster.shape import envelope, keys
+from dpone_dagster.sinks import json_encode
+
+# A registry sink's value: format, schema, and for protobuf the message indexes and imported files.
+ValueFormat = tuple[str, str, tuple[int, ...] | None, tuple[tuple[str, str], ...]]
+
+
+class Unwritable(Exception):
+    """A value (or a type) the rule cannot write as the sink expects; the message says which."""
+
+
+@dataclass(frozen=True)
+class MessageRule:
+    key_columns: tuple[int, ...] | None  # fields of a unique_key; None: no key (null)
+    hash_row: bool = False  # key: the hex SHA-256 of the row's canonical JSON
+    value_format: ValueFormat | None = None  # a registry sink (None: JSON)
+    envelope: tuple[str, str] | None = None  # the dpone envelope's text around each row's JSON
+    # "tombstone", "event" (an envelope with op delete: `delete_envelope`), "skip" or "fail".
+    deletes: str = "fail"
+    delete_envelope: tuple[str, str] | None = None
+    # key.mode unique_key: a delete whose key columns give no key takes the source record's key.
+    source_key_for_deletes: bool = False
+
+
+def key_and_value(
+    rule: MessageRule, columns: list[pa.Array], names: list[str], is_delete: pa.Array, source_key: pa.Array | None
+) -> tuple[pa.Array, pa.Array]:
+    """Each row's key and value (binary arrays; null where there is none). Raises Unwritable."""
+    deletes = bool(pc.any(is_delete).as_py()) if len(is_delete) else False
+    try:
+        value = _value(rule, columns, names, is_delete, deletes)
+        key = keys.hash_row(columns, names) if rule.hash_row else keys.unique_key(columns, names, rule.key_columns)
+    except (json_encode.Unencodable, registry_values.Unencodable) as exc:
+        raise Unwritable(str(exc)) from exc
+    if deletes and rule.source_key_for_deletes and source_key is not None:
+        key = pc.if_else(pc.and_(is_delete, key.is_null()), source_key, key)
+    if deletes and rule.deletes == "tombstone":
+        value = pc.if_else(is_delete, pa.scalar(None, pa.binary()), value)
+    return key, value
+
+
+def _value(rule: MessageRule, columns: list[pa.Array], names: list[str], is_delete: pa.Array, deletes: bool) -> pa.Array:
+    if rule.value_format is not None:
+        fmt, schema_str, indexes, references = rule.value_format
+        if deletes and rule.deletes == "tombstone":  # a tombstone's value is never encoded
+            upserts = pc.invert(is_delete)
+            encoded = registry_values.encode_values(fmt, [c.filter(upserts) for c in columns], names, schema_str, indexes, references)
+            return _spread(encoded, upserts)
+        return registry_values.encode_values(fmt, columns, names, schema_str, indexes, references)
+    data = json_encode.encode_object(columns, names)
+    value = envelope.wrap(data, rule.envelope) if rule.envelope is not None else data
+    if deletes and rule.deletes == "event" and rule.delete_envelope is not None:
+        value = pc.if_else(is_delete, envelope.wrap(data, rule.delete_envelope), value)
+    return value.cast(pa.binary())
+
+
+def _spread(values: pa.Array, where: pa.Array) -> pa.Array:
+    """`values` (one per true of `where`) back in the rows of `where`, null elsewhere."""
+    positions = pc.subtract(pc.cumulative_sum(pc.cast(where, pa.int64())), 1)
+    return values.take(pc.if_else(where, positions, pa.scalar(None, pa.int64())))
+
+
+def unwritable_type(schema: pa.Schema, key_columns: tuple[int, ...] | None, json_value: bool, hash_row: bool) -> str | None:
+    """Why the rule cannot write a message of `schema`'s rows whatever their values (a type the
+    JSON encoder or a key's text does not write as Spark does), or None."""
+    in_json = schema if json_value or hash_row else None
+    if in_json is None and key_columns is not None and len(key_columns) > 1:
+        in_json = pa.schema([schema.field(i) for i in key_columns])
+    reason = json_encode.unencodable_type(in_json) if in_json is not None else None
+    if reason is not None:
+        return f"a message whose JSON holds {reason}"
+    if key_columns is not None and len(key_columns) == 1:
+        field = schema.field(key_columns[0])
+        try:
+            keys.as_text(pa.array([], field.type))
+        except json_encode.Unencodable as exc:
+            return f"the key {field.name}: {exc}"
+    return None
