@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import psycopg2
 import pytest
 from confluent_kafka.admin import AdminClient
-from conftest import PG_HOST, PG_PORT, PG_USER, consume_all, create_topic, unique_topic
+from conftest import PG_HOST, PG_PORT, PG_USER, consume_all, consume_raw, create_topic, unique_topic
 
 from dpone_dagster.engine.run import RunRequest, run_pipeline
 from dpone_dagster.errors import RunFailed
@@ -188,3 +188,22 @@ def test_repeated_keys_keep_the_last_row_per_key(broker, spark, kafka_env, datab
     assert (result.rows_extracted, result.messages_produced, result.duplicates_removed) == (5, 3, 2)
     out = consume_all(broker.bootstrap_servers, dst)
     assert sorted((r["key"], r["value"]["status"]) for r in out) == [("10", "shipped"), ("11", "created"), ("12", "created")]
+
+
+@pytest.mark.parametrize("database", ["postgres"], indirect=True)
+def test_large_doubles_and_reals_are_written_as_java_prints_them(broker, spark, kafka_env, database, tmp_path):
+    """Doubles from 1e16 up, which Java prints in scientific notation (not always with the
+    shortest digits), and a real column added later keep Spark's own text in the message."""
+    database.execute("CREATE TABLE orders (order_id integer PRIMARY KEY, x double precision, updated_at timestamp NOT NULL)")
+    database.execute("INSERT INTO orders VALUES (1, 1.5, '2024-01-01'), (2, 1e20, '2024-01-01'), (3, -2.5e16, '2024-01-01')")
+    stamp = '"updated_at":"2024-01-01T00:00:00.000000Z"'
+    expected = {b"1": '{"order_id":1,"x":1.5,' + stamp, b"2": '{"order_id":2,"x":1.0E20,' + stamp, b"3": '{"order_id":3,"x":-2.5E16,' + stamp}
+    for run, extra in enumerate(("", "ALTER TABLE orders ADD COLUMN r real; UPDATE orders SET r = order_id / 4.0")):
+        if extra:  # a column added last
+            database.execute(extra)
+            expected = {k: v + f',"r":{int(k) / 4}' for k, v in expected.items()}
+        dst = unique_topic("sqlunwritten")
+        create_topic(broker.bootstrap_servers, dst, 1)
+        run_pipeline(parse_manifest(manifest(database, dst, tmp_path / str(run), "{mode: incremental_append, unique_key: order_id}")), spark)
+        values = {r["key"]: r["value"].decode() for r in consume_raw(broker.bootstrap_servers, dst)}
+        assert values == {k: v + "}" for k, v in expected.items()}

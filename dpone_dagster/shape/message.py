@@ -49,14 +49,22 @@ def key_and_value(
     deletes = bool(pc.any(is_delete).as_py()) if len(is_delete) else False
     try:
         value = _value(rule, columns, names, is_delete, deletes)
-        key = keys.hash_row(columns, names) if rule.hash_row else keys.unique_key(columns, names, rule.key_columns)
     except (json_encode.Unencodable, registry_values.Unencodable) as exc:
         raise Unwritable(str(exc)) from exc
-    if deletes and rule.source_key_for_deletes and source_key is not None:
-        key = pc.if_else(pc.and_(is_delete, key.is_null()), source_key, key)
     if deletes and rule.deletes == "tombstone":
         value = pc.if_else(is_delete, pa.scalar(None, pa.binary()), value)
-    return key, value
+    return key_of(rule, columns, names, is_delete, source_key), value
+
+
+def key_of(rule: MessageRule, columns: list[pa.Array], names: list[str], is_delete: pa.Array, source_key: pa.Array | None) -> pa.Array:
+    """Each row's key (binary; null where there is none). Raises Unwritable."""
+    try:
+        key = keys.hash_row(columns, names) if rule.hash_row else keys.unique_key(columns, names, rule.key_columns)
+    except json_encode.Unencodable as exc:
+        raise Unwritable(str(exc)) from exc
+    if rule.source_key_for_deletes and source_key is not None and len(is_delete) and pc.any(is_delete).as_py():
+        key = pc.if_else(pc.and_(is_delete, key.is_null()), source_key, key)
+    return key
 
 
 def _value(rule: MessageRule, columns: list[pa.Array], names: list[str], is_delete: pa.Array, deletes: bool) -> pa.Array:

@@ -140,21 +140,28 @@ def timestamp_text(array: pa.Array, separator: str) -> pa.Array:
     kind = array.type
     if kind.unit != "us" or kind.tz not in ("UTC", "Etc/UTC", "+00:00"):
         raise Unencodable(f"a timestamp of type {kind} (Spark writes UTC microseconds)")
-    _check_years(array)
-    return pc.strftime(array, format=f"%Y-%m-%d{separator}%H:%M:%S")
+    wall = array.cast(pa.timestamp("us"))  # the UTC wall clock: Arrow prints it ~10x faster than a zoned one
+    _check_range(wall.cast(pa.int64()), _MICROS_OF_YEARS)
+    text = pc.cast(wall, pa.string())
+    return text if separator == " " else pc.replace_substring(text, " ", separator, max_replacements=1)
 
 
 def date_text(array: pa.Array) -> pa.Array:
     """A date column as `yyyy-MM-dd` (years 1 to 9999)."""
-    _check_years(array)
-    return pc.strftime(array, format="%Y-%m-%d")
+    _check_range(array.cast(pa.int32()), _DAYS_OF_YEARS)
+    return pc.cast(array, pa.string())
 
 
-def _check_years(array: pa.Array) -> None:
-    if array.null_count == len(array):
+# Years 1 to 9999 (proleptic Gregorian, as Arrow and Spark count them) in epoch days and microseconds.
+_DAYS_OF_YEARS = (-719_162, 2_932_896)
+_MICROS_OF_YEARS = (_DAYS_OF_YEARS[0] * 86_400_000_000, (_DAYS_OF_YEARS[1] + 1) * 86_400_000_000 - 1)
+
+
+def _check_range(values: pa.Array, bounds: tuple[int, int]) -> None:
+    if values.null_count == len(values):
         return
-    years = pc.year(array)
-    if pc.min(years).as_py() < 1 or pc.max(years).as_py() > 9999:
+    extremes = pc.min_max(values).as_py()
+    if extremes["min"] < bounds[0] or extremes["max"] > bounds[1]:
         raise Unencodable("a date or timestamp outside the years 1 to 9999")
 
 
