@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -303,6 +304,15 @@ def fault_outcome(request) -> Any:
             handle.write(json.dumps(row) + "\n")
 
     return record
+
+
+def wait_for(condition: Any, timeout_s: float, what: str, interval_s: float = 0.05) -> None:
+    """Poll `condition` until it holds; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
 
 
 def target_high_watermarks(bootstrap: str, topic: str) -> int:

@@ -784,7 +784,7 @@ def test_spill_directories_are_removed_with_the_run_and_left_overs_swept(broker,
     create_topic(bs, src, 1)
     create_topic(bs, dst, 1)
     produce_json(bs, src, orders(50), partition=0)
-    root = Path(spark.sparkContext.parallelize([0], 1).map(lambda _: task._spill_root()).collect()[0])
+    root = Path(spark.sparkContext.parallelize([0], 1).map(lambda _: task.spill_root()).collect()[0])
     run_id = "spill-cleanup-run"
     mine = root / f"{task.SPILL_PREFIX}{run_id}"
     mine.mkdir(parents=True, exist_ok=True)

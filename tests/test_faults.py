@@ -35,6 +35,7 @@ from conftest import (
     produce_json,
     target_high_watermarks,
     unique_topic,
+    wait_for,
 )
 
 from dpone_dagster.embedded_broker import EmbeddedBroker
@@ -88,14 +89,6 @@ def source_rows(bootstrap: str, topic: str, partitions: int, per_partition: int)
         produce_json(bootstrap, topic, rows, partition=p, linger_ms=50)
         ids.extend(r["i"] for r in rows)
     return ids
-
-
-def wait_for(condition: Any, timeout_s: float, what: str, interval_s: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)
 
 
 def delivery_outcome(bootstrap: str, dst: str, ids: list[int]) -> tuple[int, int]:

@@ -297,7 +297,7 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
     try:
         for piece in slices:
             kept.append((piece, 0))
-            with _SpillWriter(spill_path(settings, piece)) as spill:
+            with SpillWriter(spill_path(settings, piece)) as spill:
                 for raw in read_one_range(settings.reader, *piece):
                     raw, found_late = _screen_late(settings, piece[1], raw)
                     for index, n in found_late.items():
@@ -442,7 +442,7 @@ def sweep_stale_spills(settings: DirectSettings, now: float | None = None) -> in
     (a Spark Connect server) they would pile up. A produce task that finds its file gone reads
     the slice again, so removing a live run's file costs a read, never a message. Returns how
     many directories went."""
-    root = _spill_root()
+    root = spill_root()
     now = time.time() if now is None else now
     mine = os.path.basename(run_directory(settings))
     removed = 0
@@ -493,14 +493,14 @@ def spill_path(settings: DirectSettings, piece: Slice) -> str:
 
 
 def run_directory(settings: DirectSettings) -> str:
-    return os.path.join(_spill_root(), f"{SPILL_PREFIX}{settings.run_id}")
+    return os.path.join(spill_root(), f"{SPILL_PREFIX}{settings.run_id}")
 
 
-def _spill_root() -> str:
+def spill_root() -> str:
     return os.environ.get("SPARK_LOCAL_DIRS", tempfile.gettempdir()).split(",")[0]
 
 
-class _SpillWriter:
+class SpillWriter:
     """An Arrow IPC file written under a temporary name and renamed when complete, so a produce
     task never reads a half-written slice (a scan task killed mid-way leaves no file behind)."""
 
@@ -509,7 +509,7 @@ class _SpillWriter:
         self._partial = f"{path}.{os.getpid()}.partial"
         self._writer: ipc.RecordBatchFileWriter | None = None
 
-    def __enter__(self) -> _SpillWriter:
+    def __enter__(self) -> SpillWriter:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         return self
 

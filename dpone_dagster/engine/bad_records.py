@@ -30,6 +30,11 @@ def handle_bad_records(
         return
     source = manifest.source
     policy = source.options.on_error if isinstance(source, KafkaSource) else "fail"
+    if policy == "fail" and not isinstance(source, KafkaSource):
+        raise DataRefused(
+            f"{count} {what}; nothing was produced and the watermark did not move. Fill those columns in the "
+            "table's rows, or choose sink.strategy.unique_key columns every row has"
+        )
     if policy == "fail":
         sample = bad.orderBy("partition", "offset").limit(5).collect()
         where = ", ".join(f"{r['partition']}@{r['offset']} ({r['reason']})" for r in sample)

@@ -11,7 +11,7 @@ import uuid
 
 from pyspark.sql import SparkSession
 
-from dpone_dagster.engine import direct
+from dpone_dagster.engine import direct, direct_sql
 from dpone_dagster.engine.lifecycle import (
     export_metrics,
     lock,
@@ -33,7 +33,7 @@ from dpone_dagster.engine.stages.shape import shape_messages
 from dpone_dagster.engine.stages.timing import KeptFrames, Log, stage
 from dpone_dagster.errors import DponeError, RunFailed
 from dpone_dagster.kafka.config import check_producer_settings
-from dpone_dagster.manifest.models import Manifest
+from dpone_dagster.manifest.models import Manifest, SqlSource
 from dpone_dagster.quality.selection import select_checks
 from dpone_dagster.redact import redact_text
 from dpone_dagster.sinks.dead_letters import DeadLetters
@@ -98,7 +98,8 @@ def _run(
     with stage(result, "preflight", log):
         reconciled = prepare_sink(manifest, sink_config)  # the target and its ends before the run
     registry = clients.registry(manifest.sink) if writes_registry_format(manifest) and request.publish else None
-    delivered = direct.copy(manifest, spark, planned, result, sink_config, log, registry) if request.publish else None
+    direct_copy = direct_sql.copy if isinstance(manifest.source, SqlSource) else direct.copy
+    delivered = direct_copy(manifest, spark, planned, result, sink_config, log, registry) if request.publish else None
     if delivered is None:
         delivered = _through_spark_sql(manifest, spark, request, planned, result, sink_config, log)
     if not request.publish:

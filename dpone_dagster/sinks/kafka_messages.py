@@ -176,7 +176,7 @@ def to_messages(keyed: DataFrame, sink: KafkaSink, ctx: ShapeContext, registry: 
             F.lit(-1).cast("int").alias("partition"),
             F.col(C.OP),
             tombstone.alias(TOMBSTONE),
-            *[v.alias(k) for k, v in _lineage(keyed).items()],
+            *[v.alias(k) for k, v in lineage(keyed).items()],
             *[F.col(c) for c in payload],
         )
         encoded = encode_messages(staged, registry, payload, TOMBSTONE)
@@ -188,14 +188,14 @@ def to_messages(keyed: DataFrame, sink: KafkaSink, ctx: ShapeContext, registry: 
         _headers(keyed, sink).alias("headers"),
         F.lit(-1).cast("int").alias("partition"),
         F.col(C.OP),
-        *[v.alias(k) for k, v in _lineage(keyed).items()],
+        *[v.alias(k) for k, v in lineage(keyed).items()],
     )
 
 
 LINEAGE = (C.SOURCE_PARTITION, C.SOURCE_OFFSET)
 
 
-def _lineage(df: DataFrame) -> dict[str, Column]:
+def lineage(df: DataFrame) -> dict[str, Column]:
     """Source partition/offset travel with each message so a bad one can be traced (null for SQL)."""
     return {
         C.SOURCE_PARTITION: F.col(C.SOURCE_PARTITION) if C.SOURCE_PARTITION in df.columns else F.lit(None).cast("int"),

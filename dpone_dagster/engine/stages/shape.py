@@ -66,9 +66,10 @@ def shape_messages(
         )
     keyless = counts["keyless_upserts"]
     if keyless:
+        lineage = kafka_messages.lineage(keyed)  # null for a SQL source
         bad = keyed.where((F.col(C.OP) == C.UPSERT) & F.col(kafka_messages.KEY).isNull()).select(
-            F.col(C.SOURCE_PARTITION).alias("partition"),
-            F.col(C.SOURCE_OFFSET).alias("offset"),
+            lineage[C.SOURCE_PARTITION].alias("partition"),
+            lineage[C.SOURCE_OFFSET].alias("offset"),
             F.lit(f"missing unique key {list(sink.strategy.unique_key_columns)}").alias("reason"),
         )
         handle_bad_records(manifest, bad, keyless, letters, result, "record(s) have no unique key")
@@ -155,7 +156,7 @@ def _measured_messages(
     if not too_large:
         return sized.drop("__size"), expected
     bad = sized.where(F.col("__size") > limit).select(
-        F.col(C.SOURCE_PARTITION).alias("partition"),
+        F.col(C.SOURCE_PARTITION).alias("partition"),  # the messages carry them (null for a SQL source)
         F.col(C.SOURCE_OFFSET).alias("offset"),
         F.concat(
             F.lit("message of "),

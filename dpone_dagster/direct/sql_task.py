@@ -1,0 +1,147 @@
+"""Executor side of the direct path of a SQL source: the rows Spark reads (JDBC, bcp, pyodbc) come
+to the Python task of their partition once; it writes each row's message by the one rule
+(shape/message.py), keeps the messages in a file of its executor and reports counts and key
+hashes (scan). Once the driver has judged the whole batch, tasks produce the kept files (produce).
+The rows never return to the JVM: handing them back costs more than the whole encoding
+(docs/performance.md).
+
+Nothing can read a SQL partition again and be sure of the same rows, so a kept file that is gone
+fails its produce task (the driver only takes this path where every task runs on its own host).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+
+from dpone_dagster import columns as C
+from dpone_dagster.direct.keys import TaskHashes, key_hashes
+from dpone_dagster.direct.task import SPILL_PREFIX, SpillWriter, spill_root
+from dpone_dagster.shape import headers as message_headers
+from dpone_dagster.shape import message
+from dpone_dagster.shape.headers import HeaderSpec
+from dpone_dagster.sinks.kafka import ProducerSettings, produce_batches
+
+MESSAGES = pa.schema([("key", pa.binary()), ("value", pa.binary())])
+
+
+@dataclass(frozen=True)
+class SqlSettings:
+    run_id: str
+    names: tuple[str, ...]  # the payload columns
+    rule: message.MessageRule
+    hashed: bool  # the driver needs key hashes (keys that repeat)
+    max_message_bytes: int
+    header_bytes: int = 0  # the static headers' bytes, in every message
+    frame_bytes: int = 0  # what a registry frame adds to each value
+    value_prefix: bytes = b""  # the frame, once the schema is registered (set before producing)
+    headers: HeaderSpec | None = None
+
+
+@dataclass(frozen=True)
+class SqlReport:
+    """What one scan task tells the driver."""
+
+    path: str  # the kept messages
+    rows: int = 0
+    deletes: int = 0
+    messages: int = 0
+    keyless: int = 0  # upserts without their unique key, deletes without any key
+    oversized: int = 0  # messages over message.max.bytes
+    refused: str | None = None  # a value the rule does not write
+    hashes: TaskHashes | None = None
+
+
+def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch]) -> SqlReport:
+    """Write the messages of one Spark partition's rows into its file; never raises for a row
+    (the report says what the driver must judge)."""
+    path = spill_path(settings.run_id, partition)
+    rows = deletes = messages = keyless = oversized = 0
+    hashes: list[np.ndarray] = []
+    refused = None
+    rule, names = settings.rule, list(settings.names)
+    with SpillWriter(path) as spill:
+        for batch in batches:
+            rows += batch.num_rows
+            is_delete = pc.fill_null(pc.equal(batch.column(C.OP), C.DELETE), False)
+            found = int(pc.sum(is_delete).as_py() or 0)
+            deletes += found
+            if found and rule.deletes in ("skip", "fail"):  # left out (fail: the driver fails the run)
+                batch, is_delete = batch.filter(pc.invert(is_delete)), is_delete.filter(pc.invert(is_delete))
+            if refused is not None or not batch.num_rows:
+                continue
+            try:
+                key, value = message.key_and_value(rule, [batch.column(n) for n in names], names, is_delete, None)
+            except message.Unwritable as exc:
+                refused = str(exc)
+                continue
+            missing = key.null_count if (rule.key_columns is not None or (found and rule.deletes == "tombstone")) else 0
+            keyless += missing
+            sizes = pc.add(pc.fill_null(pc.binary_length(key), 0), pc.fill_null(pc.binary_length(value), 0))
+            extra = settings.header_bytes + settings.frame_bytes
+            oversized += int(pc.sum(pc.greater(sizes, settings.max_message_bytes - extra)).as_py() or 0)
+            if settings.hashed and not missing:
+                hashes.append(key_hashes(key))
+            spill.write(pa.RecordBatch.from_arrays([key, value], schema=MESSAGES))
+            messages += batch.num_rows
+    return SqlReport(path, rows, deletes, messages, keyless, oversized, refused, TaskHashes.of(hashes) if settings.hashed else None)
+
+
+def produce(settings: SqlSettings, producer: ProducerSettings, paths: list[str]) -> Iterator[pa.RecordBatch]:
+    """Produce the kept messages of `paths`; yields the delivery statistics (sinks/kafka.py). A
+    file that is gone fails the task: its rows cannot be read again as they were judged."""
+
+    def messages() -> Iterator[pa.RecordBatch]:
+        prefix = pa.scalar(settings.value_prefix, pa.binary())
+        for path in paths:
+            if not os.path.exists(path):
+                raise RuntimeError(f"the kept messages {path} are gone (another host, or removed): the batch cannot be produced as judged")
+            with pa.memory_map(path) as source:
+                reader = ipc.open_file(source)
+                for i in range(reader.num_record_batches):
+                    batch = reader.get_batch(i)
+                    if not batch.num_rows:
+                        continue
+                    value = batch.column("value")
+                    if settings.value_prefix:  # the registered schema's frame (a tombstone stays null)
+                        value = pc.binary_join_element_wise(prefix, value, pa.scalar(b"", pa.binary()))
+                    if settings.headers is None:
+                        yield pa.RecordBatch.from_arrays([batch.column("key"), value], names=["key", "value"])
+                        continue
+                    listed = message_headers.headers(settings.headers, 0, pa.array(np.zeros(batch.num_rows, np.int64)), None)
+                    unassigned = pa.array(np.full(batch.num_rows, -1, np.int32))
+                    yield pa.RecordBatch.from_arrays([batch.column("key"), value, listed, unassigned], names=["key", "value", "headers", "partition"])
+
+    try:
+        yield from produce_batches(producer, messages())
+    finally:
+        for path in paths:
+            _remove(path)
+
+
+def spill_path(run_id: str, partition: int) -> str:
+    return os.path.join(run_directory(run_id), f"sql-{partition}.arrow")
+
+
+def run_directory(run_id: str) -> str:
+    return os.path.join(spill_root(), f"{SPILL_PREFIX}{run_id}")
+
+
+def remove_run(run_id: str) -> None:
+    """Remove what the run kept on this host (its files, partial ones too, and the directory)."""
+    import shutil
+
+    shutil.rmtree(run_directory(run_id), ignore_errors=True)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass

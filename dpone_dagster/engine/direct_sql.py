@@ -1,0 +1,276 @@
+"""The direct path of a SQL source (driver side; the tasks are in direct/sql_task.py): the rows Spark
+reads go to Python tasks that write and keep their messages, the driver judges the whole batch,
+then tasks produce the kept messages. The rows cross from the JVM to Python once and never come
+back, where the Spark SQL path keeps them in the JVM, writes them with Spark's expressions and
+hands the messages to Python producers.
+
+In the order of guarantees of every route (engine/run.py):
+1. scan: one task per partition of the read writes each row's message by the one rule
+   (shape/message.py), keeps it in a file of its host, and reports counts and key hashes.
+2. judge: deletes with deletes disabled fail the run; min_rows and source_target_count gate the
+   counts. What the Spark SQL path decides with its own rules — rows without their unique key,
+   keys that repeat (de-duplication or per-key order), messages over message.max.bytes, values
+   the rule does not write — sends the batch there (read again; nothing was produced).
+3. produce: every gate passed, the registry schema (if any) is registered, the tasks produce
+   the kept files; the delivery reports go to the commit, which moves the watermark.
+Every wait on the tasks is bounded (spark/jobs.py).
+
+The kept files live on the host of the task that read the rows, and nothing can read them again
+as judged: the path is taken where every task runs in the driver's host (a local session).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from dpone_dagster import columns as C
+from dpone_dagster.direct import sql_task
+from dpone_dagster.direct.keys import candidates
+from dpone_dagster.engine import direct_registry
+from dpone_dagster.engine.results import RunResult
+from dpone_dagster.engine.stages.boundary import PlannedRead
+from dpone_dagster.engine.stages.gates import pre_publish_gates
+from dpone_dagster.engine.stages.load import Delivered, check_delivery, producer_settings
+from dpone_dagster.engine.stages.shape import deletes_disabled
+from dpone_dagster.engine.stages.timing import Log, stage
+from dpone_dagster.formats.registry_source import arrow_schema
+from dpone_dagster.kafka.config import producer_config
+from dpone_dagster.kafka.delivery import aggregate
+from dpone_dagster.manifest.models import KafkaSink, Manifest, SqlSource
+from dpone_dagster.quality import arrow_checks
+from dpone_dagster.quality.arrow_checks import Tally
+from dpone_dagster.shape import message
+from dpone_dagster.shape.envelope import envelope_parts
+from dpone_dagster.shape.headers import HeaderSpec
+from dpone_dagster.sinks.registry import PreparedSchema
+from dpone_dagster.spark.jobs import BoundedJobs, deadline_s, waves
+from dpone_dagster.spark.session import is_connect
+from dpone_dagster.spark.slots import local_task_slots, produce_slots
+
+STRATEGIES = ("incremental_append", "incremental_merge", "full_refresh", "replace")
+CHECKS = ("min_rows", "source_target_count")
+# What a scan task may wait on the database beyond its rows (a connection, the query's start).
+READ_WAIT_S = 600.0
+
+
+def refusal(manifest: Manifest, planned: PlannedRead, spark: SparkSession) -> str | None:
+    """Why a run of a SQL source takes the Spark SQL path, from the manifest and the session (pure
+    but for the session's master), or None."""
+    source, sink = manifest.source, manifest.sink
+    if os.environ.get("DPONE_DIRECT_PATH", "on").lower() in ("off", "0", "false", "no"):
+        return "DPONE_DIRECT_PATH is off"
+    if not isinstance(source, SqlSource):
+        return "the source is not SQL"
+    if not isinstance(sink, KafkaSink) or sink.type != "kafka":
+        return "the sink is not Kafka"
+    if is_connect(spark) or not spark.sparkContext.master.startswith("local"):
+        return "a Spark cluster: the kept messages would live on hosts no produce task is sure to reach"
+    if getattr(planned.boundary, "method", None) == "cdc":
+        return "a CDC read (deletes and change order)"
+    if getattr(planned.boundary, "empty", False):
+        return "nothing to read"
+    format_reason = direct_registry.refusal(manifest)
+    if format_reason is not None:
+        return format_reason
+    if sink.strategy.mode not in STRATEGIES:
+        return f"strategy {sink.strategy.mode}"
+    other = sorted({c.type for c in manifest.quality.checks} - set(CHECKS))
+    if other:
+        return f"quality checks {other}"
+    return None
+
+
+class _ToSparkSql(Exception):
+    """The batch needs the Spark SQL path (the message says why); nothing was produced."""
+
+
+def copy(
+    manifest: Manifest,
+    spark: SparkSession,
+    planned: PlannedRead,
+    result: RunResult,
+    sink_config: dict,
+    log: Log,
+    registry_config: dict | None = None,
+) -> Delivered | None:
+    """Run the batch of a SQL source on the direct path; None when it must take the Spark SQL path
+    (nothing was produced then; what this path counted is taken back, the reason is noted)."""
+    reason = refusal(manifest, planned, spark)
+    if reason is not None:
+        log(f"direct path: not taken ({reason})")
+        return None
+    extracted = planned.source.extract(spark, planned.boundary, log)
+    frame = extracted.df
+    settings, prepared, reason = _settings(manifest, frame.schema, sink_config, result.run_id, registry_config)
+    if reason is not None:
+        log(f"direct path: not taken ({reason})")
+        return None
+    assert settings is not None
+    jobs = BoundedJobs(spark, result.run_id)
+    judged, noted = len(result.gates), len(result.notes)
+    try:
+        with stage(result, "extract", log):
+            log(f"extract: {frame.rdd.getNumPartitions()} Spark task(s) write the rows' messages (direct path)")
+            reports = _scan(jobs, settings, frame, getattr(planned.boundary, "total", None))
+            rows = result.rows_extracted = sum(r.rows for r in reports)
+            _judge(reports)
+        _gates(manifest, planned, result, rows, "quality_pre", "extracted", log)
+        with stage(result, "shape", log):
+            deletes = sum(r.deletes for r in reports)
+            if deletes and settings.rule.deletes == "fail":
+                raise deletes_disabled(deletes)
+            if settings.rule.deletes == "skip":
+                result.deletes_skipped = deletes
+            expected = sum(r.messages for r in reports)
+            _gates(manifest, planned, result, expected, "quality_published", "published", log)
+    except _ToSparkSql as exc:
+        _remove_kept(result.run_id)
+        del result.gates[judged:]
+        del result.notes[noted:]
+        attempt = sum(result.timings.pop(name, 0.0) for name in ("extract", "quality_pre", "shape", "quality_published"))
+        result.timings["direct_attempt"] = round(attempt, 3)
+        result.rows_extracted = result.deletes_skipped = 0
+        result.notes.append(f"direct path: the batch went to the Spark SQL path: {exc}")
+        log(f"direct path: handing the batch to the Spark SQL path ({exc})")
+        return None
+    except BaseException:
+        _remove_kept(result.run_id)
+        raise
+    result.notes.extend(extracted.notes)
+    result.execution_path = "direct"
+    if prepared is None:
+        result.schema_evolution = {"target": "no registry: the target side of schema evolution is a no-op"}
+    try:
+        if prepared is not None:  # every gate passed: the schema may be registered now
+            settings = replace(settings, value_prefix=direct_registry.register(manifest, prepared, registry_config, result))
+        with stage(result, "load", log):
+            stats = aggregate(_produce(jobs, settings, manifest, sink_config, reports, log))
+        check_delivery(manifest, stats, result)
+    finally:
+        _remove_kept(result.run_id)
+    return Delivered(stats, expected)
+
+
+def _settings(
+    manifest: Manifest, schema: StructType, sink_config: dict, run_id: str, registry_config: dict | None
+) -> tuple[sql_task.SqlSettings | None, PreparedSchema | None, str | None]:
+    """The tasks' settings for the rows of `schema` (the extracted frame's), or why the rule does
+    not write them."""
+    sink, options = manifest.sink, manifest.sink.options
+    names = C.payload_columns(schema.names)
+    payload = StructType([schema[n] for n in names])
+    arrow = arrow_schema(payload)
+    if arrow is None or not names:
+        return None, None, "a payload type without an Arrow form"
+    key_columns = None
+    if options.key.mode == "unique_key" and sink.strategy.unique_key_columns:
+        missing = [c for c in sink.strategy.unique_key_columns if c not in names]
+        if missing:
+            return None, None, f"unique_key column(s) {missing} not in the batch"
+        key_columns = tuple(names.index(c) for c in sink.strategy.unique_key_columns)
+    json_value = options.message_format == "json"
+    reason = message.unwritable_type(arrow, key_columns, json_value, options.key.mode == "hash_row")
+    if reason is not None:
+        return None, None, reason
+    prepared, reason = direct_registry.prepare(manifest, payload, registry_config)
+    if reason is not None:
+        return None, None, reason
+    deletes = options.deletes
+    envelope = json_value and options.envelope == "dpone"
+    strategy = sink.strategy.mode
+    rule = message.MessageRule(
+        key_columns=key_columns,
+        hash_row=options.key.mode == "hash_row",
+        value_format=(prepared.fmt, prepared.schema_str, prepared.message_indexes, prepared.references) if prepared is not None else None,
+        envelope=envelope_parts(C.UPSERT, strategy, run_id, {}) if envelope else None,
+        deletes=("tombstone" if deletes.tombstone else "event") if deletes.enabled else deletes.when_disabled,
+        delete_envelope=envelope_parts(C.DELETE, strategy, run_id, {}) if envelope else None,
+        source_key_for_deletes=options.key.mode == "unique_key",
+    )
+    static = options.headers.static
+    headers = HeaderSpec.of(static, False, False, "") if static else None
+    return (
+        sql_task.SqlSettings(
+            run_id=run_id,
+            names=tuple(names),
+            rule=rule,
+            hashed=key_columns is not None,
+            max_message_bytes=int(producer_config(sink_config, options.delivery).get("message.max.bytes", 1_000_000)),
+            header_bytes=sum(len(k.encode()) + len(v.encode()) for k, v in static.items()),
+            frame_bytes=len(direct_registry.value_frame(prepared, 0)) if prepared is not None else 0,
+            headers=headers,
+        ),
+        prepared,
+        None,
+    )
+
+
+def _scan(jobs: BoundedJobs, settings: sql_task.SqlSettings, frame: DataFrame, planned_rows: int | None) -> list[sql_task.SqlReport]:
+    """Every partition of the read scanned by its task; their reports. The bound allows twice the
+    rows counted when planning (a full read has no upper bound)."""
+
+    def scanned(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else 0
+        report = sql_task.scan(settings, partition, batches)
+        yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(report)], pa.binary())], names=["report"])
+
+    tasks = frame.rdd.getNumPartitions()
+    seconds = deadline_s(-(-2 * (planned_rows or 0) // max(1, tasks)), READ_WAIT_S, waves(tasks, local_task_slots(jobs.spark)))
+    rows = jobs.run(lambda: frame.mapInArrow(scanned, "report binary").collect(), seconds, "the scan of the batch")
+    return [pickle.loads(row["report"]) for row in rows]
+
+
+def _judge(reports: list[sql_task.SqlReport]) -> None:
+    """What only the Spark SQL path decides sends the batch there."""
+    refused = next((r.refused for r in reports if r.refused), None)
+    if refused is not None:
+        raise _ToSparkSql(refused)
+    keyless = sum(r.keyless for r in reports)
+    if keyless:
+        raise _ToSparkSql(f"{keyless} row(s) without their key")
+    oversized = sum(r.oversized for r in reports)
+    if oversized:
+        raise _ToSparkSql(f"{oversized} message(s) over message.max.bytes")
+    hashed = [r.hashes for r in reports if r.hashes is not None]
+    if hashed and len(candidates(hashed)):
+        raise _ToSparkSql("keys that may repeat in the batch")
+    if not sum(r.rows for r in reports):
+        raise _ToSparkSql("nothing was read")
+
+
+def _gates(manifest: Manifest, planned: PlannedRead, result: RunResult, rows: int, name: str, frame_stage: str, log: Log) -> None:
+    with stage(result, name, log):
+        measured = arrow_checks.measured((), Tally(), frame_stage, {})
+        pre_publish_gates(manifest, None, planned.incremental, result, rows, frame_stage, measured)
+
+
+def _produce(
+    jobs: BoundedJobs, settings: sql_task.SqlSettings, manifest: Manifest, sink_config: dict, reports: list[sql_task.SqlReport], log: Log
+) -> list[dict]:
+    producer = producer_settings(manifest, sink_config)
+    groups = [[r.path] for r in reports if r.messages]
+    slots = produce_slots(jobs.spark)
+    largest = max(r.messages for r in reports)
+    seconds = deadline_s(largest, producer.flush_timeout_s, waves(len(groups), slots))
+    bounded = producer.bounded(seconds)
+    log(f"load: {len(groups)} task(s) produce {sum(r.messages for r in reports)} message(s) to '{producer.topic}' (direct path)")
+
+    def produce_rows(paths: list[str]) -> list[dict]:
+        return [row for batch in sql_task.produce(settings, bounded, paths) for row in batch.to_pylist()]
+
+    produced = jobs.in_tasks(groups, produce_rows, seconds, f"the produce of {len(groups)} kept file(s) to '{producer.topic}'")
+    return [row for rows_of_task in produced for row in rows_of_task]
+
+
+def _remove_kept(run_id: str) -> None:
+    """The run's kept files (all on the driver's host: `refusal`)."""
+    sql_task.remove_run(run_id)

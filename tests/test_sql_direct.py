@@ -1,0 +1,260 @@
+"""The direct path of a SQL source (engine/direct_sql.py): the rows go from Spark's JDBC read to
+Python tasks that write and keep the messages, the driver judges the batch, the tasks produce.
+Against the real PostgreSQL, the real broker and a real Spark session: the same messages as the
+Spark SQL path, the batches only that path decides go there, and a fault mid-delivery moves no
+watermark and loses nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+from conftest import (
+    PG_HOST,
+    PG_PORT,
+    PG_USER,
+    consume_raw,
+    create_topic,
+    fresh_pg_database,
+    target_high_watermarks,
+    unique_topic,
+    wait_for,
+)
+
+from dpone_dagster.direct import sql_task
+from dpone_dagster.embedded_broker import EmbeddedBroker
+from dpone_dagster.engine.run import RunRequest, run_pipeline
+from dpone_dagster.errors import DataRefused, RunFailed
+from dpone_dagster.manifest import parse_manifest
+from dpone_dagster.state.open import open_manifest_state_store
+
+
+@pytest.fixture
+def db(monkeypatch) -> Any:
+    with fresh_pg_database("dpone_sqldirect") as database:
+        for key, value in {"SQL_DB_HOST": PG_HOST, "SQL_DB_PORT": str(PG_PORT), "SQL_DB_USER": PG_USER, "SQL_DB_DATABASE": database["dbname"]}.items():
+            monkeypatch.setenv(key, value)
+        yield database
+
+
+def execute(db: dict[str, Any], *statements: str) -> None:
+    conn = psycopg2.connect(**db)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        for statement in statements:
+            cur.execute(statement)
+    conn.close()
+
+
+def create_orders(db: dict[str, Any], rows: int = 300, extra: str = "") -> None:
+    """Typed rows, nulls included; two rows per customer."""
+    execute(
+        db,
+        "CREATE TABLE orders (order_id bigint PRIMARY KEY, customer text, amount numeric(12,2), fine numeric(20,10), "
+        "rate double precision, placed_at timestamp, placed_on date, flag boolean, blob bytea, note text, "
+        f"updated_at timestamp NOT NULL{extra})",
+        "INSERT INTO orders SELECT i, 'c' || (i / 2), CASE WHEN i % 11 = 0 THEN NULL ELSE (i * 13.37)::numeric(12,2) END, "
+        "CASE WHEN i % 3 = 0 THEN 0 ELSE i * 0.0000001 END, i / 7.0, timestamp '2026-01-01' + i * interval '61.5 second', "
+        "date '2026-01-01' + i, i % 2 = 0, decode(lpad(to_hex(i), 4, '0'), 'hex'), 'n' || i || ' é\"q', "
+        f"timestamp '2026-01-02' + i * interval '1 second' FROM generate_series(1, {rows}) AS i",
+    )
+
+
+def manifest_text(dst: str, state: Path, strategy: str, sink_options: str = "{}", quality: str = "") -> str:
+    return f"""
+name: sqldirect
+source:
+  type: postgres
+  connection_id: sql_db
+  table: {{schema: public, name: orders}}
+  options: {{incremental_column: updated_at, batch_size: 100}}
+sink:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {dst}
+  strategy: {strategy}
+  options: {sink_options}
+state: {{type: local, path: "{state}"}}
+{quality}
+"""
+
+
+def run_both(bs: str, spark: Any, tmp_path: Path, monkeypatch: Any, strategy: str, sink_options: str = "{}") -> list[tuple[Any, list[dict]]]:
+    """The same manifest on each path, each into its own target: [(result, records)] direct first."""
+    out = []
+    for path in ("direct", "spark_sql"):
+        if path == "spark_sql":
+            monkeypatch.setenv("DPONE_DIRECT_PATH", "off")
+        dst = unique_topic(f"sqld_{path}")
+        create_topic(bs, dst, 2)
+        result = run_pipeline(parse_manifest(manifest_text(dst, tmp_path / path, strategy, sink_options)), spark, RunRequest(run_id="sqldirect"))
+        out.append((result, consume_raw(bs, dst)))
+    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+    return out
+
+
+def messages(records: list[dict]) -> Counter:
+    return Counter((r["partition"] if r["key"] is not None else None, r["key"], r["value"], tuple(r["headers"] or ())) for r in records)
+
+
+SINKS = {
+    "flat_merge": ("{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}", "{}"),
+    "envelope_static_headers": ("{mode: incremental_append, unique_key: order_id}", "{envelope: dpone, headers: {static: {team: dwh, env: test}}}"),
+    "hash_row": ("{mode: incremental_append}", "{key: {mode: hash_row}}"),
+    "null_key": ("{mode: incremental_append}", '{key: {mode: "null"}}'),
+    "composite_key": ("{mode: incremental_append, unique_key: [customer, placed_on]}", "{}"),
+    "timestamp_key": ("{mode: incremental_append, unique_key: placed_at}", "{}"),
+    "full_refresh": ("{mode: full_refresh, unique_key: order_id}", "{}"),
+}
+
+
+@pytest.mark.parametrize("sink", list(SINKS))
+def test_the_direct_path_writes_what_the_spark_sql_path_writes(broker, spark, kafka_env, db, tmp_path, monkeypatch, sink):
+    """Keys of every mode, the dpone envelope, static headers, decimals of both notations,
+    timestamps, dates, binary and doubles: byte for byte the Spark SQL path's messages."""
+    create_orders(db)
+    strategy, options = SINKS[sink]
+    (direct, direct_records), (sql, sql_records) = run_both(broker.bootstrap_servers, spark, tmp_path, monkeypatch, strategy, options)
+    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
+    assert direct.rows_extracted == sql.rows_extracted == 300
+    assert direct.messages_produced == len(direct_records) == 300
+    assert messages(direct_records) == messages(sql_records)
+    assert not os.path.exists(sql_task.run_directory(direct.run_id)), "the kept files outlived the run"
+
+
+def test_an_avro_sink_registers_once_every_gate_passed(broker, spark, kafka_env, db, tmp_path, monkeypatch):
+    """Seed 002's route into seed 001's sink: Avro through the registry, each value framed with
+    the id registered after the gates; the values past the frame are the Spark SQL path's."""
+    import uuid
+
+    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", f"mock://{uuid.uuid4().hex[:8]}")
+    create_orders(db)
+    options = "{message_format: avro, schema_registry: {enabled: true}}"
+    (direct, direct_records), (sql, sql_records) = run_both(
+        broker.bootstrap_servers, spark, tmp_path, monkeypatch, "{mode: incremental_append, unique_key: order_id}", options
+    )
+    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
+
+    def unframed(records: list[dict]) -> Counter:
+        assert all(r["value"][0] == 0 for r in records)
+        return Counter((r["key"], r["value"][5:]) for r in records)
+
+    assert len(direct_records) == 300 and unframed(direct_records) == unframed(sql_records)
+
+
+@pytest.mark.parametrize(
+    ("case", "strategy", "why"),
+    [
+        ("repeated_keys", "{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_last}", "keys that may repeat"),
+        ("keyless", "{mode: incremental_append, unique_key: amount}", "without their key"),
+        ("large_double", "{mode: incremental_append, unique_key: order_id}", "a double of magnitude 1e16"),
+    ],
+)
+def test_what_only_the_spark_sql_path_decides_goes_there(broker, spark, kafka_env, db, tmp_path, case, strategy, why):
+    """Repeated keys (keep_last), rows without their key (their bad-record policy: fail), a double
+    Java prints otherwise than the shortest digits: the batch is read again by the Spark SQL
+    path, which decides as it always did; nothing was produced by the first attempt."""
+    create_orders(db)
+    if case == "large_double":
+        execute(db, "UPDATE orders SET rate = 1e20 WHERE order_id = 7")
+    dst = unique_topic(f"sqld_{case}")
+    create_topic(broker.bootstrap_servers, dst, 2)
+    m = parse_manifest(manifest_text(dst, tmp_path, strategy))
+    if case == "keyless":
+        with pytest.raises(DataRefused, match=r"have no unique key; nothing was produced and the watermark did not move"):
+            run_pipeline(m, spark)
+        assert consume_raw(broker.bootstrap_servers, dst, timeout_s=5) == []
+        return
+    result = run_pipeline(m, spark)
+    assert result.execution_path == "spark_sql"
+    assert any(why in n for n in result.notes), result.notes
+    records = consume_raw(broker.bootstrap_servers, dst)
+    if case == "repeated_keys":  # customer c<i/2>: the later order of each customer
+        assert len(records) == result.messages_produced == 151 and result.duplicates_removed == 149
+        kept = {r["key"].decode(): r["value"] for r in records}
+        assert b'"order_id":5,' in kept["c2"] and b'"order_id":299,' in kept["c149"]
+    else:
+        assert len(records) == 300
+        assert any(b'"rate":1.0E20' in r["value"] for r in records)
+
+
+def test_a_failed_gate_produces_nothing_and_keeps_the_watermark(broker, spark, kafka_env, db, tmp_path):
+    create_orders(db)
+    dst = unique_topic("sqld_gate")
+    create_topic(broker.bootstrap_servers, dst, 2)
+    quality = "quality: {checks: [{type: min_rows, threshold: 1000}]}"
+    m = parse_manifest(manifest_text(dst, tmp_path, "{mode: incremental_append, unique_key: order_id}", quality=quality))
+    with pytest.raises(DataRefused, match="min_rows"):
+        run_pipeline(m, spark, RunRequest(run_id="sqld-gate"))
+    assert consume_raw(broker.bootstrap_servers, dst, timeout_s=5) == []
+    assert stored_watermark(m) is None
+    assert not os.path.exists(sql_task.run_directory("sqld-gate"))
+
+
+def stored_watermark(m: Any) -> Any:
+    store = open_manifest_state_store(m)
+    try:
+        return store.load_watermark(m.name)
+    finally:
+        store.close()
+
+
+@pytest.mark.faults
+def test_broker_frozen_while_the_sql_batch_is_delivered(spark, db, monkeypatch, tmp_path, fault_outcome):
+    """A dedicated broker frozen (SIGSTOP) once the target holds some of a SQL batch: deliveries
+    time out, the run fails and stores no watermark; resumed, the rerun delivers every row (at
+    least once: duplicates only among what the failed run delivered)."""
+    broker = EmbeddedBroker().start()
+    frozen = threading.Event()
+    rows = 60_000
+    try:
+        bs = broker.bootstrap_servers
+        monkeypatch.setenv("KAFKA_CLUSTER_BOOTSTRAP_SERVERS", bs)
+        create_orders(db, rows)
+        dst = unique_topic("sqld_frozen")
+        create_topic(bs, dst, 2)
+        options = "{delivery: {producer_config: {message.timeout.ms: 8000}}}"
+        m = parse_manifest(manifest_text(dst, tmp_path, "{mode: incremental_merge, unique_key: order_id}", options))
+        pid = broker._process.pid
+
+        def freeze_once_delivering() -> None:
+            wait_for(lambda: target_high_watermarks(bs, dst) > 0, 180, "the first delivered message", 0.02)
+            os.kill(pid, signal.SIGSTOP)
+            frozen.set()
+
+        def on_log(message: str) -> None:
+            if message == "load: started":
+                threading.Thread(target=freeze_once_delivering, daemon=True).start()
+
+        with pytest.raises(RunFailed, match=r"not delivered|timed out"):
+            run_pipeline(m, spark, RunRequest(log=on_log))
+        assert frozen.is_set()
+        os.kill(pid, signal.SIGCONT)
+        assert stored_watermark(m) is None
+        delivered_by_failed_run = len(consume_raw(bs, dst, timeout_s=60))
+        assert delivered_by_failed_run < rows
+        rerun = run_pipeline(m, spark)
+        assert rerun.execution_path == "direct" and rerun.messages_produced == rows
+        seen = Counter(r["key"] for r in consume_raw(bs, dst, timeout_s=60))
+        lost = sum(1 for i in range(1, rows + 1) if str(i).encode() not in seen)
+        duplicated = sum(n - 1 for n in seen.values())
+        assert lost == 0 and duplicated <= delivered_by_failed_run
+        assert stored_watermark(m) is not None
+    finally:
+        if broker._process is not None:
+            os.kill(broker._process.pid, signal.SIGCONT)
+        broker.stop()
+    fault_outcome(
+        "SQL source on the direct path: broker frozen (SIGSTOP) mid-delivery, resumed after the run failed",
+        "Deliveries time out; the run fails and stores no watermark; the rerun delivers every row",
+        lost=lost,
+        duplicated=duplicated,
+        recovered=True,
+        measured=f"{rows:,} rows; {delivered_by_failed_run:,} arrived before the run gave up; duplicates after rerun {duplicated:,}",
+    )
