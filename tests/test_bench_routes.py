@@ -12,7 +12,7 @@ from typing import Any
 
 from conftest import consume_raw
 
-from bench.routes import ROUTES, SQL_ROUTES, run_routes
+from bench.routes import ROUTES, run_routes
 
 MESSAGES = 3000
 FRAME = {"avro": 5, "json_schema": 5, "protobuf": 6}  # magic byte, schema id (protobuf: message index 0)
@@ -25,7 +25,7 @@ def test_every_route_runs_direct_and_matches_its_hand_loop(broker, spark):
     for route, figures in report["routes"].items():
         hand, engine = figures["hand"], figures["engine"]
         assert hand["messages"] == MESSAGES and hand["failed"] == 0, route
-        assert engine["path"] == ("spark_sql" if route in SQL_ROUTES else "direct"), route
+        assert engine["path"] == "direct", route
         assert engine["messages"] == engine["in_topic"] == MESSAGES, route
         assert engine["memory_mb"]["samples"] >= 0 and "driver_rss" in engine["memory_mb"], route
         assert figures["throughput_ratio"] > 0, route

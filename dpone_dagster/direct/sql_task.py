@@ -34,6 +34,7 @@ MESSAGES = pa.schema([("key", pa.binary()), ("value", pa.binary())])
 @dataclass(frozen=True)
 class SqlSettings:
     run_id: str
+    pipeline: str  # its files are apart from another pipeline's of the same run id (one Dagster run)
     names: tuple[str, ...]  # the payload columns
     rule: message.MessageRule
     hashed: bool  # the driver needs key hashes (keys that repeat)
@@ -61,7 +62,7 @@ class SqlReport:
 def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch]) -> SqlReport:
     """Write the messages of one Spark partition's rows into its file; never raises for a row
     (the report says what the driver must judge)."""
-    path = spill_path(settings.run_id, partition)
+    path = spill_path(settings, partition)
     rows = deletes = messages = keyless = oversized = 0
     hashes: list[np.ndarray] = []
     refused = None
@@ -125,19 +126,33 @@ def produce(settings: SqlSettings, producer: ProducerSettings, paths: list[str])
             _remove(path)
 
 
-def spill_path(run_id: str, partition: int) -> str:
-    return os.path.join(run_directory(run_id), f"sql-{partition}.arrow")
+def spill_path(settings: SqlSettings, partition: int) -> str:
+    """Under the Spark local directory the task sees (a worker's own, in a Python task)."""
+    return os.path.join(run_directory(settings.run_id), f"sql-{settings.pipeline}-{partition}.arrow")
 
 
 def run_directory(run_id: str) -> str:
     return os.path.join(spill_root(), f"{SPILL_PREFIX}{run_id}")
 
 
-def remove_run(run_id: str) -> None:
-    """Remove what the run kept on this host (its files, partial ones too, and the directory)."""
-    import shutil
-
-    shutil.rmtree(run_directory(run_id), ignore_errors=True)
+def remove_kept(settings: SqlSettings) -> int:
+    """Remove the pipeline's files of the run on this host, partial ones too, and the run's
+    directory once empty; how many files went. Run it in a Spark task: a Python worker's Spark
+    local directory is not the driver's."""
+    directory = run_directory(settings.run_id)
+    removed = 0
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(f"sql-{settings.pipeline}-")]
+    except OSError:
+        return 0
+    for name in names:
+        _remove(os.path.join(directory, name))
+        removed += 1
+    try:
+        os.rmdir(directory)
+    except OSError:  # other files of the run, or gone already
+        pass
+    return removed
 
 
 def _remove(path: str) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -53,12 +54,14 @@ from dpone_dagster.shape.headers import HeaderSpec
 from dpone_dagster.sinks.registry import PreparedSchema
 from dpone_dagster.spark.jobs import BoundedJobs, deadline_s, waves
 from dpone_dagster.spark.session import is_connect
-from dpone_dagster.spark.slots import local_task_slots, produce_slots
+from dpone_dagster.spark.slots import local_mode, local_task_slots, produce_slots
 
 STRATEGIES = ("incremental_append", "incremental_merge", "full_refresh", "replace")
 CHECKS = ("min_rows", "source_target_count")
 # What a scan task may wait on the database beyond its rows (a connection, the query's start).
 READ_WAIT_S = 600.0
+# Rows with a unique key whose hashes (8 bytes each) the driver collects to find repeated keys.
+MAX_HASHED_ROWS = 20_000_000
 
 
 def refusal(manifest: Manifest, planned: PlannedRead, spark: SparkSession) -> str | None:
@@ -71,8 +74,10 @@ def refusal(manifest: Manifest, planned: PlannedRead, spark: SparkSession) -> st
         return "the source is not SQL"
     if not isinstance(sink, KafkaSink) or sink.type != "kafka":
         return "the sink is not Kafka"
-    if is_connect(spark) or not spark.sparkContext.master.startswith("local"):
+    if is_connect(spark) or not local_mode(spark):
         return "a Spark cluster: the kept messages would live on hosts no produce task is sure to reach"
+    if source.options.export_mode != "jdbc":
+        return f"export_mode {source.options.export_mode} (read on the driver before the path could refuse a type)"
     if getattr(planned.boundary, "method", None) == "cdc":
         return "a CDC read (deletes and change order)"
     if getattr(planned.boundary, "empty", False):
@@ -80,6 +85,9 @@ def refusal(manifest: Manifest, planned: PlannedRead, spark: SparkSession) -> st
     format_reason = direct_registry.refusal(manifest)
     if format_reason is not None:
         return format_reason
+    total = getattr(planned.boundary, "total", None)
+    if total is not None and total > MAX_HASHED_ROWS and sink.options.key.mode == "unique_key" and sink.strategy.unique_key_columns:
+        return f"more than {MAX_HASHED_ROWS:,} keyed rows (their key hashes come to the driver; the Spark SQL path counts keys on the cluster)"
     if sink.strategy.mode not in STRATEGIES:
         return f"strategy {sink.strategy.mode}"
     other = sorted({c.type for c in manifest.quality.checks} - set(CHECKS))
@@ -122,6 +130,7 @@ def copy(
             reports = _scan(jobs, settings, frame, getattr(planned.boundary, "total", None))
             rows = result.rows_extracted = sum(r.rows for r in reports)
             _judge(reports)
+            result.notes.extend(extracted.notes)
         _gates(manifest, planned, result, rows, "quality_pre", "extracted", log)
         with stage(result, "shape", log):
             deletes = sum(r.deletes for r in reports)
@@ -132,7 +141,7 @@ def copy(
             expected = sum(r.messages for r in reports)
             _gates(manifest, planned, result, expected, "quality_published", "published", log)
     except _ToSparkSql as exc:
-        _remove_kept(result.run_id)
+        _remove_kept(jobs, settings, log)
         del result.gates[judged:]
         del result.notes[noted:]
         attempt = sum(result.timings.pop(name, 0.0) for name in ("extract", "quality_pre", "shape", "quality_published"))
@@ -142,9 +151,8 @@ def copy(
         log(f"direct path: handing the batch to the Spark SQL path ({exc})")
         return None
     except BaseException:
-        _remove_kept(result.run_id)
+        _remove_kept(jobs, settings, log)
         raise
-    result.notes.extend(extracted.notes)
     result.execution_path = "direct"
     if prepared is None:
         result.schema_evolution = {"target": "no registry: the target side of schema evolution is a no-op"}
@@ -155,7 +163,7 @@ def copy(
             stats = aggregate(_produce(jobs, settings, manifest, sink_config, reports, log))
         check_delivery(manifest, stats, result)
     finally:
-        _remove_kept(result.run_id)
+        _remove_kept(jobs, settings, log)
     return Delivered(stats, expected)
 
 
@@ -200,6 +208,7 @@ def _settings(
     return (
         sql_task.SqlSettings(
             run_id=run_id,
+            pipeline=re.sub(r"[^A-Za-z0-9_.-]", "_", manifest.name),
             names=tuple(names),
             rule=rule,
             hashed=key_columns is not None,
@@ -214,17 +223,20 @@ def _settings(
 
 
 def _scan(jobs: BoundedJobs, settings: sql_task.SqlSettings, frame: DataFrame, planned_rows: int | None) -> list[sql_task.SqlReport]:
-    """Every partition of the read scanned by its task; their reports. The bound allows twice the
-    rows counted when planning (a full read has no upper bound)."""
+    """Every partition of the read scanned by its task; their reports. The bound lets any one task
+    read twice the rows counted when planning (partitions can be skewed; a full read has no upper
+    bound), at the floor rate of spark/jobs.py."""
 
     def scanned(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         context = TaskContext.get()
-        partition = context.partitionId() if context is not None else 0
-        report = sql_task.scan(settings, partition, batches)
+        if context is None:
+            raise RuntimeError("a scan outside a Spark task")
+        report = sql_task.scan(settings, context.partitionId(), batches)
         yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(report)], pa.binary())], names=["report"])
 
+    frame = frame.select(*settings.names, C.OP)  # what the rule reads
     tasks = frame.rdd.getNumPartitions()
-    seconds = deadline_s(-(-2 * (planned_rows or 0) // max(1, tasks)), READ_WAIT_S, waves(tasks, local_task_slots(jobs.spark)))
+    seconds = deadline_s(2 * (planned_rows or 0), READ_WAIT_S, waves(tasks, local_task_slots(jobs.spark) or 1))
     rows = jobs.run(lambda: frame.mapInArrow(scanned, "report binary").collect(), seconds, "the scan of the batch")
     return [pickle.loads(row["report"]) for row in rows]
 
@@ -271,6 +283,17 @@ def _produce(
     return [row for rows_of_task in produced for row in rows_of_task]
 
 
-def _remove_kept(run_id: str) -> None:
-    """The run's kept files (all on the driver's host: `refusal`)."""
-    sql_task.remove_run(run_id)
+def _remove_kept(jobs: BoundedJobs, settings: sql_task.SqlSettings, log: Log) -> None:
+    """Remove the run's kept files, in a Spark task (a Python worker's local directory is not the
+    driver's; in a local session every worker shares one). Best effort, bounded: a session that
+    failed the run may not run it, and the next runs' sweep removes what stays."""
+    try:
+        removed = jobs.in_tasks([settings], sql_task.remove_kept, KEPT_CLEANUP_S, "the removal of the kept messages")[0]
+    except Exception as exc:  # noqa: BLE001 - the run's outcome stands; the files are swept later
+        log(f"direct path: the kept messages were not removed ({type(exc).__name__}); a later run sweeps them")
+        return
+    if removed:
+        log(f"direct path: {removed} kept file(s) removed")
+
+
+KEPT_CLEANUP_S = 60.0
