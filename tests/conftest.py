@@ -12,9 +12,11 @@ import contextlib
 import json
 import os
 import shutil
+import signal
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -313,6 +315,22 @@ def wait_for(condition: Any, timeout_s: float, what: str, interval_s: float = 0.
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(interval_s)
+
+
+def freeze_once_delivering(pid: int, bootstrap: str, topic: str, frozen_at: list[float]) -> Callable[[str], None]:
+    """A run's log callback: once the load starts, the broker process `pid` is frozen (SIGSTOP)
+    as soon as `topic` holds a record; the moment is appended to `frozen_at`."""
+
+    def freeze() -> None:
+        wait_for(lambda: target_high_watermarks(bootstrap, topic) > 0, 180, "the first delivered message", 0.02)
+        os.kill(pid, signal.SIGSTOP)
+        frozen_at.append(time.monotonic())
+
+    def on_log(message: str) -> None:
+        if message == "load: started":
+            threading.Thread(target=freeze, daemon=True).start()
+
+    return on_log
 
 
 def target_high_watermarks(bootstrap: str, topic: str) -> int:

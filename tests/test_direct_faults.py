@@ -31,11 +31,11 @@ from conftest import (
     consume_all,
     consume_raw,
     create_topic,
+    freeze_once_delivering,
     produce_json,
-    target_high_watermarks,
     unique_topic,
 )
-from test_faults import delivery_outcome, source_rows, stored_offsets, wait_for
+from test_faults import delivery_outcome, source_rows, stored_offsets
 from test_state_faults import terminate_state_connections
 
 from dpone_dagster.embedded_broker import EmbeddedBroker
@@ -100,16 +100,7 @@ def test_a_frozen_broker_ends_a_slice_by_slice_run_within_the_delivery_timeout(s
         delivery = f"{{flush_timeout_s: {flush_timeout_s}, producer_config: {{message.timeout.ms: {flush_timeout_s * 1000}}}}}"
         m = parse_manifest(manifest("frozen_direct", src, dst, per_slice, delivery=delivery))
         pid = broker._process.pid
-
-        def freeze_once_delivering() -> None:
-            wait_for(lambda: target_high_watermarks(bs, dst) > 0, 180, "the first delivered message", 0.02)
-            os.kill(pid, signal.SIGSTOP)
-            frozen_at.append(time.monotonic())
-
-        def on_log(message: str) -> None:
-            if message == "load: started":
-                threading.Thread(target=freeze_once_delivering, daemon=True).start()
-
+        on_log = freeze_once_delivering(pid, bs, dst, frozen_at)
         error, _ = run_in_thread(lambda: run_pipeline(m, spark, RunRequest(log=on_log)), flush_timeout_s + 180)
         ended_after = time.monotonic() - frozen_at[0]
         assert isinstance(error, RunFailed), error

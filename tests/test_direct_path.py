@@ -204,6 +204,16 @@ SHOP_V1 = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
 SHOP_V2 = {**SHOP_V1, "fields": [*SHOP_V1["fields"], {"name": "channel", "type": ["null", "string"], "default": None}]}
 
 
+def normalized(result: Any, records: list[dict[str, Any]], framed: bool) -> Counter:
+    """Messages past a registry sink's frame (each target's subject has its own id), with the
+    run id masked."""
+    run_id, frame = result.run_id.encode(), 5 if framed else 0
+    return Counter(
+        (r["partition"], r["key"], r["value"] and r["value"][frame:].replace(run_id, b"<run>"), tuple(r["headers"] or ()))
+        for r in records
+    )
+
+
 def produce_registry(bs: str, url: str, src: str, fmt: str, rows: list[dict[str, Any]], schema: dict[str, Any] | None = None, tombstones: tuple[int, ...] = ()) -> None:
     """Confluent-framed values, written by confluent-kafka's own serializers; keys are the order
     ids. The in-memory registry is confluent-kafka's mock client (registry_client for mock://)."""
@@ -281,14 +291,7 @@ def test_a_registry_source_is_decoded_in_the_tasks_as_the_spark_sql_path_decodes
     (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path, monkeypatch, strategy, sink, 2, source)
     assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
     assert len(direct_records) == 600 and direct.rows_extracted == sql.rows_extracted == 600
-    def normalized(result: Any, records: list[dict[str, Any]]) -> Counter:
-        run_id, frame = result.run_id.encode(), 5 if "avro" in sink else 0  # each target's subject has its own id
-        return Counter(
-            (r["partition"], r["key"], r["value"] and r["value"][frame:].replace(run_id, b"<run>"), tuple(r["headers"] or ()))
-            for r in records
-        )
-
-    assert normalized(direct, direct_records) == normalized(sql, sql_records)
+    assert normalized(direct, direct_records, "avro" in sink) == normalized(sql, sql_records, "avro" in sink)
     assert [n for n in direct.notes if "schema id" in n] == [n for n in sql.notes if "schema id" in n]
 
 
@@ -350,14 +353,7 @@ def test_avro_logical_types_take_the_direct_path_with_the_spark_sql_paths_messag
     assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
     assert direct.rows_extracted == sql.rows_extracted == 300
 
-    def normalized(result: Any, records: list[dict[str, Any]]) -> Counter:
-        run_id, frame = result.run_id.encode(), 5 if "avro" in sink else 0  # each target's subject has its own id
-        return Counter(
-            (r["partition"], r["key"], r["value"] and r["value"][frame:].replace(run_id, b"<run>"), tuple(r["headers"] or ()))
-            for r in records
-        )
-
-    assert normalized(direct, direct_records) == normalized(sql, sql_records)
+    assert normalized(direct, direct_records, "avro" in sink) == normalized(sql, sql_records, "avro" in sink)
     assert len(direct_records) == 300 - direct.deletes_skipped
 
 

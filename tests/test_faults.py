@@ -32,6 +32,7 @@ from conftest import (
     consume_all,
     consume_raw,
     create_topic,
+    freeze_once_delivering,
     produce_json,
     target_high_watermarks,
     unique_topic,
@@ -242,7 +243,7 @@ def test_broker_frozen_mid_delivery_then_resumed(spark, pg_env, monkeypatch, fau
     resumed (SIGCONT) after the run gave up, and the rerun completes. (The embedded broker keeps its
     data in memory, so a stop and restart would lose the source too; freezing keeps it.)"""
     broker = EmbeddedBroker().start()
-    frozen = threading.Event()
+    frozen_at: list[float] = []
     try:
         bs = broker.bootstrap_servers
         monkeypatch.setenv("KAFKA_CLUSTER_BOOTSTRAP_SERVERS", bs)
@@ -252,19 +253,10 @@ def test_broker_frozen_mid_delivery_then_resumed(spark, pg_env, monkeypatch, fau
         ids = source_rows(bs, src, 2, 100_000)
         m = parse_manifest(manifest("fault_broker", src, dst))
         pid = broker._process.pid
-
-        def freeze_once_delivering() -> None:
-            wait_for(lambda: target_high_watermarks(bs, dst) > 0, 180, "the first delivered message", 0.02)
-            os.kill(pid, signal.SIGSTOP)
-            frozen.set()
-
-        def on_log(message: str) -> None:
-            if message == "load: started":
-                threading.Thread(target=freeze_once_delivering, daemon=True).start()
-
+        on_log = freeze_once_delivering(pid, bs, dst, frozen_at)
         with pytest.raises(RunFailed, match=r"not delivered: (delivery timed out|broker unavailable|all brokers are down)"):
             run_pipeline(m, spark, RunRequest(log=on_log))
-        assert frozen.is_set()
+        assert frozen_at
         os.kill(pid, signal.SIGCONT)
         assert stored_offsets(m) == {}
         delivered_by_failed_run = len(consume_raw(bs, dst, timeout_s=60))

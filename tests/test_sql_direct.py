@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -21,10 +20,9 @@ from conftest import (
     PG_USER,
     consume_raw,
     create_topic,
+    freeze_once_delivering,
     fresh_pg_database,
-    target_high_watermarks,
     unique_topic,
-    wait_for,
 )
 
 from dpone_dagster.direct import sql_task
@@ -218,7 +216,7 @@ def test_broker_frozen_while_the_sql_batch_is_delivered(spark, db, monkeypatch, 
     time out, the run fails and stores no watermark; resumed, the rerun delivers every row (at
     least once: duplicates only among what the failed run delivered)."""
     broker = EmbeddedBroker().start()
-    frozen = threading.Event()
+    frozen_at: list[float] = []
     rows = 60_000
     try:
         bs = broker.bootstrap_servers
@@ -229,19 +227,9 @@ def test_broker_frozen_while_the_sql_batch_is_delivered(spark, db, monkeypatch, 
         options = "{delivery: {producer_config: {message.timeout.ms: 8000}}}"
         m = parse_manifest(manifest_text(dst, tmp_path, "{mode: incremental_merge, unique_key: order_id}", options))
         pid = broker._process.pid
-
-        def freeze_once_delivering() -> None:
-            wait_for(lambda: target_high_watermarks(bs, dst) > 0, 180, "the first delivered message", 0.02)
-            os.kill(pid, signal.SIGSTOP)
-            frozen.set()
-
-        def on_log(message: str) -> None:
-            if message == "load: started":
-                threading.Thread(target=freeze_once_delivering, daemon=True).start()
-
         with pytest.raises(RunFailed, match=r"not delivered|timed out"):
-            run_pipeline(m, spark, RunRequest(log=on_log))
-        assert frozen.is_set()
+            run_pipeline(m, spark, RunRequest(log=freeze_once_delivering(pid, bs, dst, frozen_at)))
+        assert frozen_at
         os.kill(pid, signal.SIGCONT)
         assert stored_watermark(m) is None
         delivered_by_failed_run = len(consume_raw(bs, dst, timeout_s=60))

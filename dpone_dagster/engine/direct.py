@@ -33,7 +33,6 @@ What takes this path is decided from the manifest (`refusal`) and then from the 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -49,6 +48,7 @@ from dpone_dagster.direct import task
 from dpone_dagster.direct.keys import candidates
 from dpone_dagster.engine import direct_registry
 from dpone_dagster.engine.bad_records import handle_bad_records
+from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
 from dpone_dagster.engine.direct_load import produce_all, storing_rule
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
@@ -96,8 +96,9 @@ CHECKS = ("min_rows", "source_target_count", *arrow_checks.KINDS)  # great_expec
 def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
     """Why a run of `manifest` over `planned` takes the Spark SQL path, or None (pure)."""
     source, sink = manifest.source, manifest.sink
-    if os.environ.get("DPONE_DIRECT_PATH", "on").lower() in ("off", "0", "false", "no"):
-        return "DPONE_DIRECT_PATH is off"
+    off = switched_off()
+    if off is not None:
+        return off
     if not isinstance(source, KafkaSource) or _batch_source(planned) is None:
         return "the source is not a Kafka topic"
     if not isinstance(sink, KafkaSink) or sink.type != "kafka":
@@ -148,14 +149,14 @@ def copy(
     slots = produce_slots(spark)
     largest = max(sum(p[3] - p[2] for p in group) for group in groups)
     read_bound = deadline_s(largest, READ_WAIT_S, waves(len(groups), slots))
-    judged, noted = len(result.gates), len(result.notes)
+    attempt = Attempt.begin(result)
     try:
         with stage(result, "extract", log):
             log(f"extract: {len(tasks)} slice(s) in {len(groups)} Spark task(s) over {boundary.total} offsets (direct path)")
             reports, found = _scan(spark, jobs, settings, groups, read_bound)
             refused = next((r.refused for r in reports if r.refused), None)
             if refused is not None:
-                raise _ToSparkSql(refused)
+                raise ToSparkSql(refused)
             source_notes = _decoded_as_planned(planned, settings, reports)
             if isinstance(planned.source, LateRecordScreen):  # the policy fails the run here, before producing
                 late = {w["start"]: sum(r.late.get(i, 0) for r in reports) for i, w in enumerate(boundary.windows)}
@@ -184,15 +185,9 @@ def copy(
             _gates(manifest, planned, settings, tally, unpublished, result, published, "quality_published", "published", log)
             bad.judge_oversized(result, settings.max_message_bytes)
             removed += result.deletes_skipped + bad.left_out  # left out of the messages either way
-    except _ToSparkSql as exc:
+    except ToSparkSql as exc:
         _remove_spills(spark, jobs, settings, groups)
-        del result.gates[judged:]
-        del result.notes[noted:]
-        attempt = sum(result.timings.pop(name, 0.0) for name in ("extract", "quality_pre", "shape", "quality_published"))
-        result.timings["direct_attempt"] = round(attempt, 3)
-        result.rows_extracted = result.deletes_skipped = result.rows_dead_lettered = result.rows_skipped = 0
-        result.notes.append(f"direct path: the batch went to the Spark SQL path: {exc}")
-        log(f"direct path: handing the batch to the Spark SQL path ({exc})")
+        attempt.take_back(result, exc, log)
         return None
     except BaseException:
         _remove_spills(spark, jobs, settings, groups)
@@ -263,7 +258,7 @@ class _BadRecords:
         if detect:  # a field beyond the inferred schema widens it there, corrupt record or not
             readable = readable | F.col(C.UNKNOWN_KEYS).isNotNull()
         if decoded.where(readable).limit(1).count():
-            raise _ToSparkSql("a value the task decoder leaves to Spark (another type, or a field beyond the schema)")
+            raise ToSparkSql("a value the task decoder leaves to Spark (another type, or a field beyond the schema)")
         bad = decoded.select(F.col(C.SOURCE_PARTITION).alias("partition"), F.col(C.SOURCE_OFFSET).alias("offset"), F.col(C.CORRUPT).alias("reason"))
         self._handle(bad, n, result, f"record(s) of {self.planned.label} could not be decoded")
 
@@ -296,7 +291,7 @@ class _BadRecords:
 def _decoded_as_planned(planned: PlannedRead, settings: task.DirectSettings, reports: list[task.ScanReport]) -> list[str]:
     """The source's notes, as the Spark SQL path gives them. A registry source was decoded with
     every version of its subject; the Spark SQL path merges only the versions the batch carries,
-    so a batch whose versions merge into another payload schema goes there (_ToSparkSql)."""
+    so a batch whose versions merge into another payload schema goes there (ToSparkSql)."""
     source = _batch_source(planned)
     assert source is not None
     registry = settings.registry_source
@@ -307,7 +302,7 @@ def _decoded_as_planned(planned: PlannedRead, settings: task.DirectSettings, rep
     references = {i: r for i, r in (registry.references or {}).items() if i in seen} if registry.references is not None else None
     # Both paths decode with every field nullable; only names, types and their order matter.
     if nullable_schema(source.registry_schema(registry.fmt, carried, references)) != nullable_schema(registry.schema):
-        raise _ToSparkSql(f"the batch's schema versions {sorted(seen)} merge into another payload schema than the subject's")
+        raise ToSparkSql(f"the batch's schema versions {sorted(seen)} merge into another payload schema than the subject's")
     return [f"{registry.fmt}: schema id(s) {sorted(carried)} from the registry"]
 
 
@@ -420,10 +415,6 @@ def _batch_source(planned: PlannedRead) -> KafkaBatchSource | None:
     return source if isinstance(source, KafkaBatchSource) else None
 
 
-class _ToSparkSql(Exception):
-    """The batch needs the Spark SQL path (the message says why); nothing was produced."""
-
-
 def _scan(
     spark: SparkSession, jobs: BoundedJobs, settings: task.DirectSettings, groups: list[list[task.Slice]], seconds: float
 ) -> tuple[list[task.ScanReport], np.ndarray]:
@@ -473,11 +464,11 @@ def _settle_repeated_keys(
 ) -> tuple[dict[int, np.ndarray], int]:
     """The source offsets to leave out per partition, and how many they are, from the candidate
     key hashes `found`. Keys that repeat where the Spark SQL path orders them (append) or refuses
-    them (duplicate_policy: fail) raise _ToSparkSql."""
+    them (duplicate_policy: fail) raise ToSparkSql."""
     if not len(found):
         return {}, 0
     if len(found) > MAX_CANDIDATES:
-        raise _ToSparkSql(f"more than {MAX_CANDIDATES} keys may repeat")
+        raise ToSparkSql(f"more than {MAX_CANDIDATES} keys may repeat")
     picked = jobs.in_tasks(groups, lambda g: task.candidate_records(settings, g, found, set_aside), seconds, "the read of repeated keys")
     records = pa.concat_tables(picked)
     repeated = records.group_by("key").aggregate([("key", "count")]).filter(pc.field("key_count") > 1)
@@ -485,7 +476,7 @@ def _settle_repeated_keys(
         return {}, 0  # hashes shared by different keys only
     policy = manifest.sink.strategy.duplicate_policy
     if manifest.sink.strategy.mode != "incremental_merge" or policy not in ("keep_last", "keep_first"):
-        raise _ToSparkSql(f"{repeated.num_rows} key(s) repeat in the batch (strategy {manifest.sink.strategy.mode}, duplicate_policy {policy})")
+        raise ToSparkSql(f"{repeated.num_rows} key(s) repeat in the batch (strategy {manifest.sink.strategy.mode}, duplicate_policy {policy})")
     return _losers(records.filter(pc.is_in(records["key"], repeated["key"])), policy)
 
 
@@ -543,5 +534,5 @@ def _gates(
         try:
             measured = arrow_checks.measured(settings.row_checks, tally, frame_stage, losers, rows_at)
         except arrow_checks.Unsettled as exc:
-            raise _ToSparkSql(str(exc)) from exc
+            raise ToSparkSql(str(exc)) from exc
         pre_publish_gates(manifest, None, planned.incremental, result, rows, frame_stage, measured)

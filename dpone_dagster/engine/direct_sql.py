@@ -21,7 +21,6 @@ as judged: the path is taken where every task runs in the driver's host (a local
 
 from __future__ import annotations
 
-import os
 import pickle
 import re
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from dpone_dagster import columns as C
 from dpone_dagster.direct import sql_task
 from dpone_dagster.direct.keys import candidates
 from dpone_dagster.engine import direct_registry
+from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.stages.gates import pre_publish_gates
@@ -68,8 +68,9 @@ def refusal(manifest: Manifest, planned: PlannedRead, spark: SparkSession) -> st
     """Why a run of a SQL source takes the Spark SQL path, from the manifest and the session (pure
     but for the session's master), or None."""
     source, sink = manifest.source, manifest.sink
-    if os.environ.get("DPONE_DIRECT_PATH", "on").lower() in ("off", "0", "false", "no"):
-        return "DPONE_DIRECT_PATH is off"
+    off = switched_off()
+    if off is not None:
+        return off
     if not isinstance(source, SqlSource):
         return "the source is not SQL"
     if not isinstance(sink, KafkaSink) or sink.type != "kafka":
@@ -96,10 +97,6 @@ def refusal(manifest: Manifest, planned: PlannedRead, spark: SparkSession) -> st
     return None
 
 
-class _ToSparkSql(Exception):
-    """The batch needs the Spark SQL path (the message says why); nothing was produced."""
-
-
 def copy(
     manifest: Manifest,
     spark: SparkSession,
@@ -123,7 +120,7 @@ def copy(
         return None
     assert settings is not None
     jobs = BoundedJobs(spark, result.run_id)
-    judged, noted = len(result.gates), len(result.notes)
+    attempt = Attempt.begin(result)
     try:
         with stage(result, "extract", log):
             log(f"extract: {frame.rdd.getNumPartitions()} Spark task(s) write the rows' messages (direct path)")
@@ -140,15 +137,9 @@ def copy(
                 result.deletes_skipped = deletes
             expected = sum(r.messages for r in reports)
             _gates(manifest, planned, result, expected, "quality_published", "published", log)
-    except _ToSparkSql as exc:
+    except ToSparkSql as exc:
         _remove_kept(jobs, settings, log)
-        del result.gates[judged:]
-        del result.notes[noted:]
-        attempt = sum(result.timings.pop(name, 0.0) for name in ("extract", "quality_pre", "shape", "quality_published"))
-        result.timings["direct_attempt"] = round(attempt, 3)
-        result.rows_extracted = result.deletes_skipped = 0
-        result.notes.append(f"direct path: the batch went to the Spark SQL path: {exc}")
-        log(f"direct path: handing the batch to the Spark SQL path ({exc})")
+        attempt.take_back(result, exc, log)
         return None
     except BaseException:
         _remove_kept(jobs, settings, log)
@@ -245,18 +236,18 @@ def _judge(reports: list[sql_task.SqlReport]) -> None:
     """What only the Spark SQL path decides sends the batch there."""
     refused = next((r.refused for r in reports if r.refused), None)
     if refused is not None:
-        raise _ToSparkSql(refused)
+        raise ToSparkSql(refused)
     keyless = sum(r.keyless for r in reports)
     if keyless:
-        raise _ToSparkSql(f"{keyless} row(s) without their key")
+        raise ToSparkSql(f"{keyless} row(s) without their key")
     oversized = sum(r.oversized for r in reports)
     if oversized:
-        raise _ToSparkSql(f"{oversized} message(s) over message.max.bytes")
+        raise ToSparkSql(f"{oversized} message(s) over message.max.bytes")
     hashed = [r.hashes for r in reports if r.hashes is not None]
     if hashed and len(candidates(hashed)):
-        raise _ToSparkSql("keys that may repeat in the batch")
+        raise ToSparkSql("keys that may repeat in the batch")
     if not sum(r.rows for r in reports):
-        raise _ToSparkSql("nothing was read")
+        raise ToSparkSql("nothing was read")
 
 
 def _gates(manifest: Manifest, planned: PlannedRead, result: RunResult, rows: int, name: str, frame_stage: str, log: Log) -> None:

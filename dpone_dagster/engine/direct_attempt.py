@@ -1,0 +1,47 @@
+"""What both direct paths (engine/direct.py for Kafka sources, engine/direct_sql.py for SQL
+sources) share about an attempt: the switch that turns them off, the exception that hands a batch
+to the Spark SQL path, and taking back what the attempt recorded before it does."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from dpone_dagster.engine.results import RunResult
+from dpone_dagster.engine.stages.timing import Log
+
+JUDGING_STAGES = ("extract", "quality_pre", "shape", "quality_published")
+
+
+def switched_off() -> str | None:
+    """The reason when DPONE_DIRECT_PATH turns the direct paths off, else None."""
+    if os.environ.get("DPONE_DIRECT_PATH", "on").lower() in ("off", "0", "false", "no"):
+        return "DPONE_DIRECT_PATH is off"
+    return None
+
+
+class ToSparkSql(Exception):
+    """The batch needs the Spark SQL path (the message says why); nothing was produced."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """Where the run's gates and notes stood when the attempt began."""
+
+    gates: int
+    notes: int
+
+    @staticmethod
+    def begin(result: RunResult) -> Attempt:
+        return Attempt(len(result.gates), len(result.notes))
+
+    def take_back(self, result: RunResult, reason: ToSparkSql, log: Log) -> None:
+        """Undo what the attempt recorded (its gates, notes, counts; its stage times become one
+        `direct_attempt` time) and note why the batch goes to the Spark SQL path."""
+        del result.gates[self.gates :]
+        del result.notes[self.notes :]
+        attempt = sum(result.timings.pop(name, 0.0) for name in JUDGING_STAGES)
+        result.timings["direct_attempt"] = round(attempt, 3)
+        result.rows_extracted = result.deletes_skipped = result.rows_dead_lettered = result.rows_skipped = 0
+        result.notes.append(f"direct path: the batch went to the Spark SQL path: {reason}")
+        log(f"direct path: handing the batch to the Spark SQL path ({reason})")
