@@ -22,8 +22,8 @@ OUT = REPO / "docs" / "reliability.md"
 
 HEADER = """# Reliability: faults injected mid-run
 
-Every row is a test in `tests/test_faults.py`, `tests/test_state_faults.py` or
-`tests/test_direct_faults.py` (marker `faults`)
+Every row is a test in `tests/test_faults.py`, `tests/test_state_faults.py`,
+`tests/test_direct_faults.py` or `tests/test_sql_direct.py` (marker `faults`)
 that breaks a real part in the middle of a run (a process killed with SIGKILL, the broker frozen,
 a PostgreSQL connection terminated from another session, a full disk) on the embedded broker,
 PostgreSQL and a real Spark session, then checks the target topic's content and the stored
@@ -63,7 +63,7 @@ FOOTER = """
 
 def run_suite(report: Path) -> int:
     env = {**os.environ, "DPONE_FAULT_REPORT": str(report)}
-    command = [sys.executable, "-m", "pytest", "-m", "faults", "-q", "-p", "no:cacheprovider", "tests/test_faults.py", "tests/test_state_faults.py", "tests/test_direct_faults.py"]
+    command = [sys.executable, "-m", "pytest", "-m", "faults", "-q", "-p", "no:cacheprovider", "tests/test_faults.py", "tests/test_state_faults.py", "tests/test_direct_faults.py", "tests/test_sql_direct.py"]
     return subprocess.call(command, cwd=REPO, env=env)
 
 

@@ -317,20 +317,66 @@ def wait_for(condition: Any, timeout_s: float, what: str, interval_s: float = 0.
         time.sleep(interval_s)
 
 
-def freeze_once_delivering(pid: int, bootstrap: str, topic: str, frozen_at: list[float]) -> Callable[[str], None]:
-    """A run's log callback: once the load starts, the broker process `pid` is frozen (SIGSTOP)
-    as soon as `topic` holds a record; the moment is appended to `frozen_at`."""
+def once_delivering(bootstrap: str, topic: str, act: Callable[[], None]) -> Callable[[str], None]:
+    """A run's log callback: once the load starts, `act` runs (in a thread) as soon as `topic`
+    holds a record."""
 
-    def freeze() -> None:
+    def when_delivering() -> None:
         wait_for(lambda: target_high_watermarks(bootstrap, topic) > 0, 180, "the first delivered message", 0.02)
-        os.kill(pid, signal.SIGSTOP)
-        frozen_at.append(time.monotonic())
+        act()
 
     def on_log(message: str) -> None:
         if message == "load: started":
-            threading.Thread(target=freeze, daemon=True).start()
+            threading.Thread(target=when_delivering, daemon=True).start()
 
     return on_log
+
+
+def freeze_once_delivering(pid: int, bootstrap: str, topic: str, frozen_at: list[float]) -> Callable[[str], None]:
+    """A run's log callback that freezes the broker process `pid` (SIGSTOP) once the run
+    delivers to `topic`; the moment is appended to `frozen_at`."""
+
+    def freeze() -> None:
+        os.kill(pid, signal.SIGSTOP)
+        frozen_at.append(time.monotonic())
+
+    return once_delivering(bootstrap, topic, freeze)
+
+
+def kill_python_workers(killed: list[int]) -> None:
+    """SIGKILL this process's Spark Python workers; their PIDs are appended to `killed`."""
+    for pid in python_workers():
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:
+            pass
+
+
+def python_workers() -> list[int]:
+    """PIDs of this process's Spark Python workers: the processes forked by pyspark.daemon."""
+    children: dict[int, list[int]] = {}
+    commands: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            commands[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+
+    def descendants(pid: int) -> list[int]:
+        out = []
+        for child in children.get(pid, []):
+            out.append(child)
+            out.extend(descendants(child))
+        return out
+
+    daemons = [pid for pid in descendants(os.getpid()) if "pyspark.daemon" in commands.get(pid, "")]
+    return [worker for daemon in daemons for worker in children.get(daemon, [])]
 
 
 def target_high_watermarks(bootstrap: str, topic: str) -> int:

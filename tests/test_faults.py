@@ -33,6 +33,8 @@ from conftest import (
     consume_raw,
     create_topic,
     freeze_once_delivering,
+    kill_python_workers,
+    once_delivering,
     produce_json,
     target_high_watermarks,
     unique_topic,
@@ -163,32 +165,6 @@ def test_driver_killed_with_sigkill_mid_produce(broker, spark, kafka_env, pg_env
     )
 
 
-def python_workers() -> list[int]:
-    """PIDs of this process's Spark Python workers: the processes forked by pyspark.daemon."""
-    children: dict[int, list[int]] = {}
-    commands: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            commands[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-
-    def descendants(pid: int) -> list[int]:
-        out = []
-        for child in children.get(pid, []):
-            out.append(child)
-            out.extend(descendants(child))
-        return out
-
-    daemons = [pid for pid in descendants(os.getpid()) if "pyspark.daemon" in commands.get(pid, "")]
-    return [worker for daemon in daemons for worker in children.get(daemon, [])]
-
-
 def test_spark_python_worker_killed_mid_task(broker, spark, kafka_env, pg_env, fault_outcome):
     """The Python worker producing a task's messages is killed (SIGKILL): the task fails, the run
     fails without committing, and the rerun delivers every record once more at most."""
@@ -199,22 +175,8 @@ def test_spark_python_worker_killed_mid_task(broker, spark, kafka_env, pg_env, f
     ids = source_rows(bs, src, 2, 100_000)
     m = parse_manifest(manifest("fault_worker", src, dst))
     killed: list[int] = []
-
-    def kill_workers_once_delivering() -> None:
-        wait_for(lambda: target_high_watermarks(bs, dst) > 0, 180, "the first delivered message", 0.02)
-        for pid in python_workers():
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            except ProcessLookupError:
-                pass
-
-    def on_log(message: str) -> None:
-        if message == "load: started":
-            threading.Thread(target=kill_workers_once_delivering, daemon=True).start()
-
     with pytest.raises(DponeError):
-        run_pipeline(m, spark, RunRequest(log=on_log))
+        run_pipeline(m, spark, RunRequest(log=once_delivering(bs, dst, lambda: kill_python_workers(killed))))
     assert killed, "no Python worker was found to kill"
     delivered_by_failed_run = len(consume_raw(bs, dst, timeout_s=60))
     assert delivered_by_failed_run < len(ids)

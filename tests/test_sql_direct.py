@@ -22,13 +22,15 @@ from conftest import (
     create_topic,
     freeze_once_delivering,
     fresh_pg_database,
+    kill_python_workers,
+    once_delivering,
     unique_topic,
 )
 
 from dpone_dagster.direct import sql_task
 from dpone_dagster.embedded_broker import EmbeddedBroker
 from dpone_dagster.engine.run import RunRequest, run_pipeline
-from dpone_dagster.errors import DataRefused, RunFailed
+from dpone_dagster.errors import DataRefused, DponeError, RunFailed
 from dpone_dagster.manifest import parse_manifest
 from dpone_dagster.state.open import open_manifest_state_store
 
@@ -252,4 +254,40 @@ def test_broker_frozen_while_the_sql_batch_is_delivered(spark, db, monkeypatch, 
         duplicated=duplicated,
         recovered=True,
         measured=f"{rows:,} rows; {delivered_by_failed_run:,} arrived before the run gave up; duplicates after rerun {duplicated:,}",
+    )
+
+
+@pytest.mark.faults
+def test_python_workers_killed_while_the_sql_batch_is_produced(broker, spark, kafka_env, db, tmp_path, fault_outcome):
+    """The Python workers producing a SQL batch's kept messages are killed (SIGKILL) once the
+    target holds some: the task fails, the run fails and stores no watermark, the kept files go;
+    the rerun reads the table again and delivers every row (duplicates only among what the failed
+    run delivered)."""
+    rows = 60_000
+    bs = broker.bootstrap_servers
+    create_orders(db, rows)
+    dst = unique_topic("sqld_wkill")
+    create_topic(bs, dst, 2)
+    m = parse_manifest(manifest_text(dst, tmp_path, "{mode: incremental_merge, unique_key: order_id}"))
+    killed: list[int] = []
+    with pytest.raises(DponeError):
+        run_pipeline(m, spark, RunRequest(run_id="sqld-wkill", log=once_delivering(bs, dst, lambda: kill_python_workers(killed))))
+    assert killed, "no Python worker was found to kill"
+    assert stored_watermark(m) is None
+    assert not kept_directory_exists(spark, "sqld-wkill")
+    delivered_by_failed_run = len(consume_raw(bs, dst, timeout_s=60))
+    assert delivered_by_failed_run < rows
+    rerun = run_pipeline(m, spark)
+    assert rerun.execution_path == "direct" and rerun.messages_produced == rows
+    seen = Counter(r["key"] for r in consume_raw(bs, dst, timeout_s=60))
+    lost = sum(1 for i in range(1, rows + 1) if str(i).encode() not in seen)
+    duplicated = sum(n - 1 for n in seen.values())
+    assert lost == 0 and duplicated <= delivered_by_failed_run
+    fault_outcome(
+        "SQL source on the direct path: Spark Python workers killed (SIGKILL) while the kept messages are produced",
+        "The task fails, so the run fails and stores no watermark; the kept files are removed; the rerun reads the table again and delivers every row",
+        lost=lost,
+        duplicated=duplicated,
+        recovered=True,
+        measured=f"{rows:,} rows; {len(killed)} worker(s) killed after {delivered_by_failed_run:,} had arrived; duplicates after rerun {duplicated:,}",
     )
