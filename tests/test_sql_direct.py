@@ -198,6 +198,30 @@ def test_a_failed_gate_produces_nothing_and_keeps_the_watermark(broker, spark, k
     assert not kept_directory_exists(spark, "sqld-gate")
 
 
+def test_a_run_sweeps_what_killed_runs_left(broker, spark, kafka_env, db, tmp_path):
+    """Kept files of another run untouched for STALE_SPILL_S (a driver killed mid-run) go with
+    the next SQL run's scan; a recent run's stay."""
+    import shutil
+    import time
+
+    from dpone_dagster.direct import task
+
+    create_orders(db, 20)
+    root = Path(spark.sparkContext.parallelize([0], 1).map(lambda _: task.spill_root()).collect()[0])
+    stale, recent = root / f"{task.SPILL_PREFIX}killed-sql-run", root / f"{task.SPILL_PREFIX}live-sql-run"
+    for leftover in (stale, recent):
+        leftover.mkdir(parents=True, exist_ok=True)
+        (leftover / "sql-other-0.arrow").write_bytes(b"kept")
+    hours_ago = time.time() - task.STALE_SPILL_S - 60
+    os.utime(stale, (hours_ago, hours_ago))
+    dst = unique_topic("sqld_sweep")
+    create_topic(broker.bootstrap_servers, dst, 1)
+    result = run_pipeline(parse_manifest(manifest_text(dst, tmp_path, "{mode: incremental_append, unique_key: order_id}")), spark)
+    assert result.execution_path == "direct" and result.messages_produced == 20
+    assert not stale.exists() and (recent / "sql-other-0.arrow").exists()
+    shutil.rmtree(recent)
+
+
 def kept_directory_exists(spark: Any, run_id: str) -> bool:
     """Whether the run's directory of kept files is there, seen from a Spark task (a Python
     worker's local directory is not the driver's)."""

@@ -22,7 +22,7 @@ import pyarrow.ipc as ipc
 
 from dpone_dagster import columns as C
 from dpone_dagster.direct.keys import TaskHashes, key_hashes
-from dpone_dagster.direct.task import SPILL_PREFIX, SpillWriter, spill_root
+from dpone_dagster.direct.task import SPILL_PREFIX, SpillWriter, spill_root, sweep_stale_spills
 from dpone_dagster.shape import headers as message_headers
 from dpone_dagster.shape import message
 from dpone_dagster.shape.headers import HeaderSpec
@@ -67,6 +67,7 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
     hashes: list[np.ndarray] = []
     refused = None
     rule, names = settings.rule, list(settings.names)
+    sweep_stale_spills(settings.run_id)  # what killed runs of any pipeline left on this host
     with SpillWriter(path) as spill:
         for batch in batches:
             rows += batch.num_rows

@@ -293,7 +293,7 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
     set_aside: list[pa.RecordBatch] = []
     kept_aside = kept_bytes = 0
     kept: list[tuple[Slice, int]] = []
-    sweep_stale_spills(settings)
+    sweep_stale_spills(settings.run_id)
     try:
         for piece in slices:
             kept.append((piece, 0))
@@ -436,15 +436,15 @@ def remove_spills(settings: DirectSettings, slices: list[Slice]) -> None:
         pass
 
 
-def sweep_stale_spills(settings: DirectSettings, now: float | None = None) -> int:
+def sweep_stale_spills(run_id: str, now: float | None = None) -> int:
     """Remove the spill directories of other runs left untouched for STALE_SPILL_S (a driver killed
     mid-run leaves its files, and a killed worker its `.partial` file): on a long-lived executor
     (a Spark Connect server) they would pile up. A produce task that finds its file gone reads
-    the slice again, so removing a live run's file costs a read, never a message. Returns how
-    many directories went."""
+    the slice again, so removing a live run's file costs a read, never a message (a SQL run's
+    produce task fails instead, before its watermark moves). Returns how many directories went."""
     root = spill_root()
     now = time.time() if now is None else now
-    mine = os.path.basename(run_directory(settings))
+    mine = f"{SPILL_PREFIX}{run_id}"
     removed = 0
     try:
         names = [n for n in os.listdir(root) if n.startswith(SPILL_PREFIX) and n != mine]
