@@ -228,6 +228,13 @@ def kept_directory_exists(spark: Any, run_id: str) -> bool:
     return spark.sparkContext.parallelize([run_id], 1).map(lambda r: os.path.exists(sql_task.run_directory(r))).collect()[0]
 
 
+def outcome_by_key(bs: str, dst: str, rows: int) -> tuple[int, int]:
+    """(lost, duplicated) of the target, whose keys are the order ids 1..rows."""
+    seen = Counter(r["key"] for r in consume_raw(bs, dst, timeout_s=60))
+    lost = sum(1 for i in range(1, rows + 1) if str(i).encode() not in seen)
+    return lost, sum(n - 1 for n in seen.values())
+
+
 def stored_watermark(m: Any) -> Any:
     store = open_manifest_state_store(m)
     try:
@@ -262,9 +269,7 @@ def test_broker_frozen_while_the_sql_batch_is_delivered(spark, db, monkeypatch, 
         assert delivered_by_failed_run < rows
         rerun = run_pipeline(m, spark)
         assert rerun.execution_path == "direct" and rerun.messages_produced == rows
-        seen = Counter(r["key"] for r in consume_raw(bs, dst, timeout_s=60))
-        lost = sum(1 for i in range(1, rows + 1) if str(i).encode() not in seen)
-        duplicated = sum(n - 1 for n in seen.values())
+        lost, duplicated = outcome_by_key(bs, dst, rows)
         assert lost == 0 and duplicated <= delivered_by_failed_run
         assert stored_watermark(m) is not None
     finally:
@@ -303,9 +308,7 @@ def test_python_workers_killed_while_the_sql_batch_is_produced(broker, spark, ka
     assert delivered_by_failed_run < rows
     rerun = run_pipeline(m, spark)
     assert rerun.execution_path == "direct" and rerun.messages_produced == rows
-    seen = Counter(r["key"] for r in consume_raw(bs, dst, timeout_s=60))
-    lost = sum(1 for i in range(1, rows + 1) if str(i).encode() not in seen)
-    duplicated = sum(n - 1 for n in seen.values())
+    lost, duplicated = outcome_by_key(bs, dst, rows)
     assert lost == 0 and duplicated <= delivered_by_failed_run
     fault_outcome(
         "SQL source on the direct path: Spark Python workers killed (SIGKILL) while the kept messages are produced",

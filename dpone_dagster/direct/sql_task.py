@@ -22,7 +22,7 @@ import pyarrow.ipc as ipc
 
 from dpone_dagster import columns as C
 from dpone_dagster.direct.keys import TaskHashes, key_hashes
-from dpone_dagster.direct.task import SPILL_PREFIX, SpillWriter, spill_root, sweep_stale_spills
+from dpone_dagster.direct.task import SpillWriter, outgoing, remove_file, run_directory, sweep_stale_spills
 from dpone_dagster.shape import headers as message_headers
 from dpone_dagster.shape import message
 from dpone_dagster.shape.headers import HeaderSpec
@@ -100,7 +100,6 @@ def produce(settings: SqlSettings, producer: ProducerSettings, paths: list[str])
     file that is gone fails the task: its rows cannot be read again as they were judged."""
 
     def messages() -> Iterator[pa.RecordBatch]:
-        prefix = pa.scalar(settings.value_prefix, pa.binary())
         for path in paths:
             if not os.path.exists(path):
                 raise RuntimeError(f"the kept messages {path} are gone (another host, or removed): the batch cannot be produced as judged")
@@ -110,30 +109,21 @@ def produce(settings: SqlSettings, producer: ProducerSettings, paths: list[str])
                     batch = reader.get_batch(i)
                     if not batch.num_rows:
                         continue
-                    value = batch.column("value")
-                    if settings.value_prefix:  # the registered schema's frame (a tombstone stays null)
-                        value = pc.binary_join_element_wise(prefix, value, pa.scalar(b"", pa.binary()))
-                    if settings.headers is None:
-                        yield pa.RecordBatch.from_arrays([batch.column("key"), value], names=["key", "value"])
-                        continue
-                    listed = message_headers.headers(settings.headers, 0, pa.array(np.zeros(batch.num_rows, np.int64)), None)
-                    unassigned = pa.array(np.full(batch.num_rows, -1, np.int32))
-                    yield pa.RecordBatch.from_arrays([batch.column("key"), value, listed, unassigned], names=["key", "value", "headers", "partition"])
+                    listed = None
+                    if settings.headers is not None:  # static ones only: SQL rows have no lineage
+                        listed = message_headers.headers(settings.headers, 0, pa.array(np.zeros(batch.num_rows, np.int64)), None)
+                    yield outgoing(batch, settings.value_prefix, listed)
 
     try:
         yield from produce_batches(producer, messages())
     finally:
         for path in paths:
-            _remove(path)
+            remove_file(path)
 
 
 def spill_path(settings: SqlSettings, partition: int) -> str:
     """Under the Spark local directory the task sees (a worker's own, in a Python task)."""
     return os.path.join(run_directory(settings.run_id), f"sql-{settings.pipeline}-{partition}.arrow")
-
-
-def run_directory(run_id: str) -> str:
-    return os.path.join(spill_root(), f"{SPILL_PREFIX}{run_id}")
 
 
 def remove_kept(settings: SqlSettings) -> int:
@@ -147,7 +137,7 @@ def remove_kept(settings: SqlSettings) -> int:
     except OSError:
         return 0
     for name in names:
-        _remove(os.path.join(directory, name))
+        remove_file(os.path.join(directory, name))
         removed += 1
     try:
         os.rmdir(directory)
@@ -155,9 +145,3 @@ def remove_kept(settings: SqlSettings) -> int:
         pass
     return removed
 
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass

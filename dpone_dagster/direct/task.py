@@ -391,7 +391,7 @@ def produce(
     left out, and those the scan set aside); yields the delivery statistics rows of sinks/kafka.py.
     Spill files are removed once produced."""
 
-    prefix = pa.scalar(settings.value_prefix, pa.binary())
+    prefix = settings.value_prefix
 
     def messages() -> Iterator[pa.RecordBatch]:
         for piece in slices:
@@ -401,16 +401,11 @@ def produce(
                     batch = batch.filter(pa.array(~np.isin(batch.column("offset").to_numpy(), dropped)))
                 if not batch.num_rows:
                     continue
-                value = batch.column("value")
-                if settings.value_prefix:  # the registered schema's frame
-                    value = pc.binary_join_element_wise(prefix, value, pa.scalar(b"", pa.binary()))
-                if settings.headers is None:
-                    yield pa.RecordBatch.from_arrays([batch.column("key"), value], names=["key", "value"])
-                    continue
-                source = batch.column(SOURCE_HEADERS) if SOURCE_HEADERS in batch.schema.names else None
-                listed = message_headers.headers(settings.headers, piece[1], batch.column("offset"), source)
-                unassigned = pa.array(np.full(batch.num_rows, -1, np.int32))
-                yield pa.RecordBatch.from_arrays([batch.column("key"), value, listed, unassigned], names=["key", "value", "headers", "partition"])
+                listed = None
+                if settings.headers is not None:
+                    source = batch.column(SOURCE_HEADERS) if SOURCE_HEADERS in batch.schema.names else None
+                    listed = message_headers.headers(settings.headers, piece[1], batch.column("offset"), source)
+                yield outgoing(batch, prefix, listed)
 
     try:
         yield from produce_batches(producer, messages())
@@ -418,16 +413,28 @@ def produce(
         remove_spills(settings, slices)
 
 
+def outgoing(kept: pa.RecordBatch, value_prefix: bytes, headers: pa.Array | None) -> pa.RecordBatch:
+    """What the producer sends of kept messages: the key, the value behind the registered schema's
+    frame (a tombstone stays null), and the headers with no partition chosen, when there are any."""
+    value = kept.column("value")
+    if value_prefix:
+        value = pc.binary_join_element_wise(pa.scalar(value_prefix, pa.binary()), value, pa.scalar(b"", pa.binary()))
+    if headers is None:
+        return pa.RecordBatch.from_arrays([kept.column("key"), value], names=["key", "value"])
+    unassigned = pa.array(np.full(kept.num_rows, -1, np.int32))
+    return pa.RecordBatch.from_arrays([kept.column("key"), value, headers, unassigned], names=["key", "value", "headers", "partition"])
+
+
 def remove_spills(settings: DirectSettings, slices: list[Slice]) -> None:
     """Remove the slices' files and any partial file, and the run's directory once it is empty
     (the last task of the run on this executor removes it)."""
     for piece in slices:
-        _remove(spill_path(settings, piece))
-    directory = run_directory(settings)
+        remove_file(spill_path(settings, piece))
+    directory = run_directory(settings.run_id)
     try:  # what a worker killed mid-write left (the run writes nothing more once it removes)
         for name in os.listdir(directory):
             if name.endswith(".partial"):
-                _remove(os.path.join(directory, name))
+                remove_file(os.path.join(directory, name))
     except OSError:
         pass
     try:
@@ -444,7 +451,7 @@ def sweep_stale_spills(run_id: str, now: float | None = None) -> int:
     produce task fails instead, before its watermark moves). Returns how many directories went."""
     root = spill_root()
     now = time.time() if now is None else now
-    mine = f"{SPILL_PREFIX}{run_id}"
+    mine = os.path.basename(run_directory(run_id))
     removed = 0
     try:
         names = [n for n in os.listdir(root) if n.startswith(SPILL_PREFIX) and n != mine]
@@ -489,11 +496,12 @@ def spill_path(settings: DirectSettings, piece: Slice) -> str:
     """Where a slice's messages are kept: under the executor's Spark local directory (removed with
     the executor), one directory per run."""
     topic, partition, start, end = piece
-    return os.path.join(run_directory(settings), f"{topic}-{partition}-{start}-{end}.arrow")
+    return os.path.join(run_directory(settings.run_id), f"{topic}-{partition}-{start}-{end}.arrow")
 
 
-def run_directory(settings: DirectSettings) -> str:
-    return os.path.join(spill_root(), f"{SPILL_PREFIX}{settings.run_id}")
+def run_directory(run_id: str) -> str:
+    """The run's directory of kept messages on this host (both direct paths)."""
+    return os.path.join(spill_root(), f"{SPILL_PREFIX}{run_id}")
 
 
 def spill_root() -> str:
@@ -528,10 +536,10 @@ class SpillWriter:
         if kind is None:
             os.replace(self._partial, self.path)
         else:
-            _remove(self._partial)
+            remove_file(self._partial)
 
 
-def _remove(path: str) -> None:
+def remove_file(path: str) -> None:
     try:
         os.remove(path)
     except FileNotFoundError:
