@@ -138,8 +138,8 @@ def test_dpone_run_and_dagster_materialize_on_a_connect_server(broker, connect_s
 
 
 def test_spark_sql_path_on_a_connect_server(broker, connect_server, tmp_path):
-    """A manifest the direct path does not cover (a unique check off the unique key) runs its
-    shuffle, keep_last, check and encoding as Spark SQL on the server."""
+    """With the direct path switched off, a run's shuffle, keep_last, check (a unique check off
+    the unique key) and encoding run as Spark SQL on the server."""
     url, _ = connect_server
     bs = broker.bootstrap_servers
     src, dst = unique_topic("connect_sql"), unique_topic("connect_sql_out")
@@ -151,7 +151,7 @@ def test_spark_sql_path_on_a_connect_server(broker, connect_server, tmp_path):
     path = tmp_path / "connect_sql.yaml"
     quality = "quality: {mode: fail, checks: [{type: unique, columns: [version]}]}"
     path.write_text(kafka_pipeline_yaml("connect_sql", src, dst, state, KEEP_LAST, "{headers: {static: {team: dwh}}}", quality))
-    env = {**os.environ, "KAFKA_CLUSTER_BOOTSTRAP_SERVERS": bs, "DPONE_SPARK_REMOTE": url}
+    env = {**os.environ, "KAFKA_CLUSTER_BOOTSTRAP_SERVERS": bs, "DPONE_SPARK_REMOTE": url, "DPONE_DIRECT_PATH": "off"}
     run = dpone("run", str(path), "--format", "json", env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     assert json.loads(run.stdout)["execution_path"] == "spark_sql"
@@ -247,6 +247,7 @@ def test_dead_letters_and_quality_checks_on_a_connect_server(broker, connect_ser
     run = dpone("run", str(path), "--format", "json", env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     summary = json.loads(run.stdout)
+    assert summary["execution_path"] == "direct"  # the expectation judged on the decoded rows, on the server
     assert summary["rows_dead_lettered"] == 1
     assert sorted(r["value"]["order_id"] for r in consume_all(bs, dst)) == [0, 1, 2, 3, 4, 6, 7, 8, 9]
     (letter,) = consume_raw(bs, dlq)

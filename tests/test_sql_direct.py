@@ -85,7 +85,9 @@ state: {{type: local, path: "{state}"}}
 """
 
 
-def run_both(bs: str, spark: Any, tmp_path: Path, monkeypatch: Any, strategy: str, sink_options: str = "{}") -> list[tuple[Any, list[dict]]]:
+def run_both(
+    bs: str, spark: Any, tmp_path: Path, monkeypatch: Any, strategy: str, sink_options: str = "{}", quality: str = ""
+) -> list[tuple[Any, list[dict]]]:
     """The same manifest on each path, each into its own target: [(result, records)] direct first."""
     out = []
     for path in ("direct", "spark_sql"):
@@ -93,7 +95,8 @@ def run_both(bs: str, spark: Any, tmp_path: Path, monkeypatch: Any, strategy: st
             monkeypatch.setenv("DPONE_DIRECT_PATH", "off")
         dst = unique_topic(f"sqld_{path}")
         create_topic(bs, dst, 2)
-        result = run_pipeline(parse_manifest(manifest_text(dst, tmp_path / path, strategy, sink_options)), spark, RunRequest(run_id="sqldirect"))
+        text = manifest_text(dst, tmp_path / path, strategy, sink_options, quality)
+        result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id="sqldirect"))
         out.append((result, consume_raw(bs, dst)))
     monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
     return out
@@ -185,13 +188,59 @@ def test_what_only_the_spark_sql_path_decides_goes_there(broker, spark, kafka_en
         assert any(b'"rate":1.0E20' in r["value"] for r in records)
 
 
-def test_a_failed_gate_produces_nothing_and_keeps_the_watermark(broker, spark, kafka_env, db, tmp_path):
+ROW_CHECKS = """quality:
+  mode: warn
+  checks:
+    - {type: not_null, columns: [amount, note]}
+    - {type: accepted_values, column: flag, values: [true]}
+    - {type: unique, columns: [customer]}
+    - {type: unique, columns: [order_id], stage: extracted}
+    - {type: freshness, column: placed_at, max_age_seconds: 60}
+    - {type: great_expectations, expectation_type: expect_column_values_to_be_between, kwargs: {column: amount, min_value: 0, max_value: 2000}}
+    - {type: great_expectations, expectation_type: expect_table_row_count_to_equal, kwargs: {value: 300}, stage: extracted}
+"""
+
+
+def test_row_checks_and_great_expectations_judge_the_rows_the_direct_path_writes(broker, spark, kafka_env, db, tmp_path, monkeypatch):
+    """Every row-level check type, Great Expectations included, on the SQL direct path: the
+    results of the Spark SQL path on the same rows, and the run still takes the direct path."""
+    create_orders(db)
+    (direct, direct_records), (sql, _) = run_both(
+        broker.bootstrap_servers, spark, tmp_path, monkeypatch, "{mode: incremental_append, unique_key: order_id}", quality=ROW_CHECKS
+    )
+    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
+    assert len(direct_records) == 300
+
+    def comparable(gate: dict) -> dict:  # a freshness age depends on the moment it ran
+        return {**gate, "observed": None, "description": None} if gate["check_type"] == "freshness" else gate
+
+    assert [comparable(g) for g in direct.gates] == [comparable(g) for g in sql.gates]
+    observed = {g["name"]: (g["passed"], g["observed"]) for g in direct.gates if g["check_type"] != "freshness"}
+    # 27 null amounts (i % 11 == 0); 150 odd orders; c1..c149 twice; 137 amounts over 2,000.
+    assert observed == {
+        "unique_order_id_extracted": (True, 0),
+        "ge_expect_table_row_count_to_equal_extracted": (True, 300),
+        "not_null_amount_note": (False, 27),
+        "accepted_values_flag": (False, 150),
+        "unique_customer": (False, 149),
+        "ge_expect_column_values_to_be_between_amount": (False, 137),
+    }
+
+
+@pytest.mark.parametrize(
+    ("check", "failure"),
+    [
+        ("{type: min_rows, threshold: 1000}", "min_rows"),
+        ("{type: great_expectations, expectation_type: expect_column_values_to_be_between, kwargs: {column: amount, max_value: 2000}}", "137 unexpected"),
+    ],
+)
+def test_a_failed_gate_produces_nothing_and_keeps_the_watermark(broker, spark, kafka_env, db, tmp_path, check, failure):
     create_orders(db)
     dst = unique_topic("sqld_gate")
     create_topic(broker.bootstrap_servers, dst, 2)
-    quality = "quality: {checks: [{type: min_rows, threshold: 1000}]}"
+    quality = f"quality: {{checks: [{check}]}}"
     m = parse_manifest(manifest_text(dst, tmp_path, "{mode: incremental_append, unique_key: order_id}", quality=quality))
-    with pytest.raises(DataRefused, match="min_rows"):
+    with pytest.raises(DataRefused, match=failure):
         run_pipeline(m, spark, RunRequest(run_id="sqld-gate"))
     assert consume_raw(broker.bootstrap_servers, dst, timeout_s=5) == []
     assert stored_watermark(m) is None

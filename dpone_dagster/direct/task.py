@@ -132,7 +132,7 @@ def shape(settings: DirectSettings, raw: pa.RecordBatch, partition: int = 0, tal
     many of the records are deletes, and the offsets of upserts without their unique key (left
     out of the messages); the decoded rows are measured into `tally` when given. Raises Refused
     for what only the Spark SQL path handles."""
-    raw, columns, is_delete = _decoded(settings, raw)
+    raw, columns, is_delete = decoded(settings, raw)
     deletes = int(pc.sum(is_delete).as_py() or 0)
     if tally is not None:
         skipped = is_delete if settings.deletes == "skip" else None
@@ -167,7 +167,7 @@ def shape(settings: DirectSettings, raw: pa.RecordBatch, partition: int = 0, tal
 DELETE_OPS = ("delete", "d", "DELETE", "D")  # as the Spark SQL path reads them (spark/decode.py)
 
 
-def _decoded(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBatch, list[pa.Array], pa.Array]:
+def decoded(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBatch, list[pa.Array], pa.Array]:
     """The payload columns of a batch and which records are deletes (a tombstone, or an envelope
     whose op is a delete op)."""
     values = raw.column("value")
@@ -197,7 +197,7 @@ def rows_at(settings: DirectSettings, topic: str, partition: int, offset: int) -
     """The payload of the record at `offset`, decoded as the scan decodes it (a sample row)."""
     rows = []
     for raw in read_one_range(settings.reader, topic, partition, offset, offset + 1):
-        _, columns, _ = _decoded(settings, raw)
+        _, columns, _ = decoded(settings, raw)
         rows += pa.Table.from_arrays(columns, names=settings.schema.names).to_pylist()
     return rows
 
@@ -254,7 +254,7 @@ def _lengths(settings: DirectSettings, partition: int, messages: pa.RecordBatch)
 def _reads(settings: DirectSettings, raw: pa.RecordBatch) -> bool:
     """Whether the task decoder reads every record of `raw`."""
     try:
-        _decoded(settings, raw)
+        decoded(settings, raw)
     except Undecodable:
         return False
     return True
@@ -299,7 +299,7 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
             kept.append((piece, 0))
             with SpillWriter(spill_path(settings, piece)) as spill:
                 for raw in read_one_range(settings.reader, *piece):
-                    raw, found_late = _screen_late(settings, piece[1], raw)
+                    raw, found_late = screen_late(settings, piece[1], raw)
                     for index, n in found_late.items():
                         late[index] = late.get(index, 0) + n
                     if settings.registry_source is not None:
@@ -327,7 +327,7 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
     )
 
 
-def _screen_late(settings: DirectSettings, partition: int, raw: pa.RecordBatch) -> tuple[pa.RecordBatch, dict[int, int]]:
+def screen_late(settings: DirectSettings, partition: int, raw: pa.RecordBatch) -> tuple[pa.RecordBatch, dict[int, int]]:
     """The late records of a time-window read per window index, and the batch without them when
     they are held back for the dead-letter topic (as the Spark SQL path leaves them out)."""
     if not settings.windows:
@@ -469,6 +469,17 @@ def sweep_stale_spills(run_id: str, now: float | None = None) -> int:
     return removed
 
 
+def records(settings: DirectSettings, piece: Slice, left_out: np.ndarray | None) -> Iterator[pa.RecordBatch]:
+    """The raw records of one slice read again, as the scan took them (late records held back),
+    without the source offsets `left_out`."""
+    for raw in read_one_range(settings.reader, *piece):
+        raw = screen_late(settings, piece[1], raw)[0]
+        if left_out is not None and len(left_out):
+            raw = raw.filter(pa.array(~np.isin(raw.column("offset").to_numpy(), left_out)))
+        if raw.num_rows:
+            yield raw
+
+
 def _messages(settings: DirectSettings, piece: Slice, left_out: np.ndarray | None) -> Iterator[pa.RecordBatch]:
     """The shaped messages of one slice: from its spill file, or read and shaped again. Read
     again, the records the scan set aside must be among `left_out` (source offsets), or the task
@@ -477,10 +488,7 @@ def _messages(settings: DirectSettings, piece: Slice, left_out: np.ndarray | Non
     try:
         source = pa.memory_map(path)
     except FileNotFoundError:
-        for raw in read_one_range(settings.reader, *piece):
-            raw = _screen_late(settings, piece[1], raw)[0]
-            if left_out is not None and len(left_out):
-                raw = raw.filter(pa.array(~np.isin(raw.column("offset").to_numpy(), left_out)))
+        for raw in records(settings, piece, left_out):
             messages, _, _, aside = _kept_messages(settings, piece[1], raw)
             if aside is not None:
                 raise RuntimeError(f"slice {piece} read again sets aside records its scan did not: {aside.column('offset').to_pylist()[:5]}") from None

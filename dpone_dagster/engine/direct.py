@@ -21,7 +21,9 @@ does the same work in the Python tasks, in the same order of guarantees:
    the run here; dead_letter leaves them out of the scan's messages and holds them back for the
    dead-letter topic, sent at the commit before the state moves, as on the Spark SQL path).
 3. gates: min_rows on the counts, and not_null, accepted_values, freshness and unique (on the
-   unique key) on what the scan measured of the decoded rows (quality/arrow_checks.py), before
+   unique key) on what the scan measured of the decoded rows (quality/arrow_checks.py); the
+   other checks (Great Expectations, other `unique` checks, what a tally cannot settle) on the
+   decoded rows as a Spark DataFrame read again for them (engine/direct_checks.py); before
    anything is produced.
 4. produce (engine/direct_load.py, direct/task.py): the tasks produce their kept messages, the
    offsets stored as slices are delivered where that keeps the guarantees; the delivery reports go
@@ -33,20 +35,20 @@ What takes this path is decided from the manifest (`refusal`) and then from the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dpone_dagster import columns as C
 from dpone_dagster.direct import task
 from dpone_dagster.direct.keys import candidates
-from dpone_dagster.engine import direct_registry
+from dpone_dagster.engine import direct_checks, direct_registry
 from dpone_dagster.engine.bad_records import handle_bad_records
 from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
 from dpone_dagster.engine.direct_load import produce_all, storing_rule
@@ -79,6 +81,7 @@ from dpone_dagster.sources.kafka_reader import RAW_SCHEMA
 from dpone_dagster.spark import arrow_json
 from dpone_dagster.spark.decode import decode_json
 from dpone_dagster.spark.jobs import MARGIN_S, BoundedJobs, deadline_s, waves
+from dpone_dagster.spark.keep import release_batch
 from dpone_dagster.spark.registry_codec import nullable_schema
 from dpone_dagster.spark.session import is_connect
 from dpone_dagster.spark.slots import local_task_slots, produce_slots
@@ -90,7 +93,6 @@ MAX_CANDIDATES = 1_000_000
 # consumer's connection set-up): the scan's part of a job bound (spark/jobs.py).
 READ_WAIT_S = 60.0
 STRATEGIES = ("incremental_append", "incremental_merge")
-CHECKS = ("min_rows", "source_target_count", *arrow_checks.KINDS)  # great_expectations needs Spark SQL
 
 
 def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
@@ -114,9 +116,6 @@ def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
         return "nothing to read"
     if sink.strategy.mode not in STRATEGIES:
         return f"strategy {sink.strategy.mode}"
-    other = sorted({c.type for c in manifest.quality.checks} - set(CHECKS))
-    if other:
-        return f"quality checks {other}"
     return None
 
 
@@ -170,7 +169,12 @@ def copy(
         for report in reports:
             if report.checks is not None:
                 tally.add(report.checks)
-        _gates(manifest, planned, settings, tally, {}, result, rows, "quality_pre", "extracted", log)
+        undecodable = bad.positions("undecodable")
+
+        def decoded_rows(left_out: dict[int, np.ndarray], skip_deletes: bool = False) -> Callable[[], DataFrame]:
+            return lambda: direct_checks.kafka_rows(spark, jobs, settings, groups, read_bound, left_out, skip_deletes)
+
+        _gates(manifest, planned, settings, tally, {}, result, rows, "quality_pre", "extracted", log, decoded_rows(undecodable))
         with stage(result, "shape", log):
             deletes = sum(r.deletes for r in reports)
             if deletes and settings.deletes == "fail":
@@ -182,7 +186,8 @@ def copy(
             skip, removed = _settle_repeated_keys(manifest, spark, jobs, settings, groups, found, read_bound, set_aside)
             unpublished = _merged(skip, bad.positions("keyless"))  # not among the rows as published
             published = rows - removed - result.deletes_skipped - bad.left_out
-            _gates(manifest, planned, settings, tally, unpublished, result, published, "quality_published", "published", log)
+            rows_published = decoded_rows(_merged(unpublished, undecodable), settings.deletes == "skip")
+            _gates(manifest, planned, settings, tally, unpublished, result, published, "quality_published", "published", log, rows_published)
             bad.judge_oversized(result, settings.max_message_bytes)
             removed += result.deletes_skipped + bad.left_out  # left out of the messages either way
     except ToSparkSql as exc:
@@ -358,9 +363,7 @@ def _settings(
     reason = message.unwritable_type(schema, key_columns, options.message_format == "json", options.key.mode == "hash_row")
     if reason is not None:
         return None, None, reason
-    row_checks, reason = arrow_checks.row_checks(manifest.quality.checks, schema, message_key)
-    if reason is not None:
-        return None, None, reason
+    row_checks = arrow_checks.row_checks(manifest.quality.checks, schema, message_key)
     prepared, reason = direct_registry.prepare(manifest, payload, registry_config)
     if reason is not None:
         return None, None, reason
@@ -521,18 +524,22 @@ def _gates(
     name: str,
     frame_stage: str,
     log: Log,
+    decoded_rows: Callable[[], DataFrame],
 ) -> None:
     """The checks of one frame on what the tasks measured, before anything is produced (the stage
     is there with or without checks, as on the Spark SQL path); `losers` are left out of the rows
-    as published."""
+    as published. A check the tasks did not measure is judged on the `decoded_rows` frame
+    (engine/direct_checks.py), read only then."""
     with stage(result, name, log):
         topic = planned.boundary.topic
 
         def rows_at(positions: list[tuple[int, int]]) -> list[dict]:
             return [row for partition, offset in positions for row in task.rows_at(settings, topic, partition, offset)]
 
+        measured = arrow_checks.measured(settings.row_checks, tally, frame_stage, losers, rows_at)
+        frame = decoded_rows() if rows and direct_checks.left_to_spark(manifest.quality.checks, frame_stage, measured) else None
         try:
-            measured = arrow_checks.measured(settings.row_checks, tally, frame_stage, losers, rows_at)
-        except arrow_checks.Unsettled as exc:
-            raise ToSparkSql(str(exc)) from exc
-        pre_publish_gates(manifest, None, planned.incremental, result, rows, frame_stage, measured)
+            pre_publish_gates(manifest, frame, planned.incremental, result, rows, frame_stage, measured)
+        finally:
+            if frame is not None:
+                release_batch(frame)

@@ -8,7 +8,7 @@ In the order of guarantees of every route (engine/run.py):
 1. scan: one task per partition of the read writes each row's message by the one rule
    (shape/message.py), keeps it in a file of its host, and reports counts and key hashes.
 2. judge: deletes with deletes disabled fail the run; min_rows and source_target_count gate the
-   counts. What the Spark SQL path decides with its own rules — rows without their unique key,
+   counts, the row-level checks (Great Expectations included) the read, kept before the scan. What the Spark SQL path decides with its own rules — rows without their unique key,
    keys that repeat (de-duplication or per-key order), messages over message.max.bytes, values
    the rule does not write — sends the batch there (read again; nothing was produced).
 3. produce: every gate passed, the registry schema (if any) is registered, the tasks produce
@@ -29,12 +29,13 @@ from dataclasses import replace
 import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from dpone_dagster import columns as C
 from dpone_dagster.direct import sql_task
 from dpone_dagster.direct.keys import candidates
-from dpone_dagster.engine import direct_registry
+from dpone_dagster.engine import direct_checks, direct_registry
 from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
@@ -46,18 +47,16 @@ from dpone_dagster.formats.registry_source import arrow_schema
 from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.kafka.delivery import aggregate
 from dpone_dagster.manifest.models import KafkaSink, Manifest, SqlSource
-from dpone_dagster.quality import arrow_checks
-from dpone_dagster.quality.arrow_checks import Tally
 from dpone_dagster.shape import message
 from dpone_dagster.shape.envelope import envelope_parts
 from dpone_dagster.shape.headers import HeaderSpec
 from dpone_dagster.sinks.registry import PreparedSchema
 from dpone_dagster.spark.jobs import BoundedJobs, deadline_s, waves
+from dpone_dagster.spark.keep import keep_batch, release_batch
 from dpone_dagster.spark.session import is_connect
 from dpone_dagster.spark.slots import local_mode, local_task_slots, produce_slots
 
 STRATEGIES = ("incremental_append", "incremental_merge", "full_refresh", "replace")
-CHECKS = ("min_rows", "source_target_count")
 # What a scan task may wait on the database beyond its rows (a connection, the query's start).
 READ_WAIT_S = 600.0
 # Rows with a unique key whose hashes (8 bytes each) the driver collects to find repeated keys.
@@ -91,9 +90,6 @@ def refusal(manifest: Manifest, planned: PlannedRead, spark: SparkSession) -> st
         return f"more than {MAX_HASHED_ROWS:,} keyed rows (their key hashes come to the driver; the Spark SQL path counts keys on the cluster)"
     if sink.strategy.mode not in STRATEGIES:
         return f"strategy {sink.strategy.mode}"
-    other = sorted({c.type for c in manifest.quality.checks} - set(CHECKS))
-    if other:
-        return f"quality checks {other}"
     return None
 
 
@@ -121,6 +117,9 @@ def copy(
     assert settings is not None
     jobs = BoundedJobs(spark, result.run_id)
     attempt = Attempt.begin(result)
+    # Row-level checks judge the rows the scan writes: the read is kept for both (engine/direct_checks.py).
+    kept = keep_batch(frame) if direct_checks.row_level(manifest.quality.checks) else None
+    frame = kept if kept is not None else frame
     try:
         with stage(result, "extract", log):
             log(f"extract: {frame.rdd.getNumPartitions()} Spark task(s) write the rows' messages (direct path)")
@@ -128,7 +127,7 @@ def copy(
             rows = result.rows_extracted = sum(r.rows for r in reports)
             _judge(reports)
             result.notes.extend(extracted.notes)
-        _gates(manifest, planned, result, rows, "quality_pre", "extracted", log)
+        _gates(manifest, planned, result, rows, "quality_pre", "extracted", log, frame)
         with stage(result, "shape", log):
             deletes = sum(r.deletes for r in reports)
             if deletes and settings.rule.deletes == "fail":
@@ -136,7 +135,8 @@ def copy(
             if settings.rule.deletes == "skip":
                 result.deletes_skipped = deletes
             expected = sum(r.messages for r in reports)
-            _gates(manifest, planned, result, expected, "quality_published", "published", log)
+            published = frame.where(F.col(C.OP) != C.DELETE) if settings.rule.deletes == "skip" else frame
+            _gates(manifest, planned, result, expected, "quality_published", "published", log, published)
     except ToSparkSql as exc:
         _remove_kept(jobs, settings, log)
         attempt.take_back(result, exc, log)
@@ -144,6 +144,9 @@ def copy(
     except BaseException:
         _remove_kept(jobs, settings, log)
         raise
+    finally:
+        if kept is not None:
+            release_batch(kept)
     result.execution_path = "direct"
     if prepared is None:
         result.schema_evolution = {"target": "no registry: the target side of schema evolution is a no-op"}
@@ -250,10 +253,10 @@ def _judge(reports: list[sql_task.SqlReport]) -> None:
         raise ToSparkSql("nothing was read")
 
 
-def _gates(manifest: Manifest, planned: PlannedRead, result: RunResult, rows: int, name: str, frame_stage: str, log: Log) -> None:
+def _gates(manifest: Manifest, planned: PlannedRead, result: RunResult, rows: int, name: str, frame_stage: str, log: Log, frame: DataFrame) -> None:
+    """The checks of one frame, on the rows the scan wrote (kept when a check reads them)."""
     with stage(result, name, log):
-        measured = arrow_checks.measured((), Tally(), frame_stage, {})
-        pre_publish_gates(manifest, None, planned.incremental, result, rows, frame_stage, measured)
+        pre_publish_gates(manifest, frame, planned.incremental, result, rows, frame_stage)
 
 
 def _produce(

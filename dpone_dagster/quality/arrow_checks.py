@@ -5,7 +5,8 @@ A scan task measures every batch it decodes into a `Tally`: the offending rows' 
 their source positions (partition, offset), a few of them as sample rows, and the newest
 freshness values. The driver adds the tasks' tallies up and, for the rows as published, takes out
 the records de-duplication left out (`measured`): exact as long as the positions it needs were
-kept (`Unsettled` otherwise, and the run takes the Spark SQL path).
+kept (otherwise, and for what the tasks do not measure, Spark SQL judges the decoded rows:
+engine/direct_checks.py).
 """
 
 from __future__ import annotations
@@ -48,46 +49,46 @@ class RowCheck:
     positions: bool = False
 
 
-def row_checks(checks: Sequence[Any], schema: pa.Schema, message_key: Sequence[str] = ()) -> tuple[tuple[RowCheck, ...], str | None]:
-    """The manifest's row-level checks the tasks can measure on `schema`, or why not (a check
-    only Spark SQL runs, a column not in the batch, a type whose comparison may differ).
-    `message_key`: the unique key's columns, each message's key made of them one to one; a batch
-    the direct path publishes holds every key once, so `unique` on them passes on the rows as
-    published (not for a floating-point column, whose 0.0 and -0.0 Spark groups as one value).
-    With a unique key, records leave the batch after the scan (repeated keys, keys missing): the
-    published checks keep their offending rows' positions to take them out."""
-    out = []
-    for index, check in enumerate(checks):
-        if check.type in ("min_rows", "source_target_count"):
-            continue
-        if isinstance(check, UniqueCheck):
-            exact = all(_exact_key(schema.field(c).type) for c in message_key)
-            if check_stage(check) != "published" or not message_key or set(check.columns) != set(message_key) or not exact:
-                return (), "quality check unique (other than on the unique key of the rows as published)"
-            out.append(RowCheck(index, check.type, "published", tuple(check.columns)))
-            continue
-        if check.type not in KINDS:
-            return (), f"quality check {check.type}"
-        if isinstance(check, NotNullCheck):
-            wanted = tuple(check.columns)
-        elif isinstance(check, AcceptedValuesCheck):
-            wanted = (check.column,)
-        else:
-            assert isinstance(check, FreshnessCheck)
-            wanted = (check.column,) if check.column else ()
-        missing = [c for c in wanted if c not in schema.names]
-        if missing:
-            return (), f"quality check column(s) {missing} not in the batch"
-        accepted = None
-        if isinstance(check, AcceptedValuesCheck):
-            accepted = _value_set(schema.field(check.column).type, check.values)
-            if accepted is None:
-                return (), f"accepted_values of {check.column}: values of another type than the column's"
-        if isinstance(check, FreshnessCheck) and wanted and not _timelike(schema.field(wanted[0]).type):
-            return (), f"freshness of {wanted[0]}: a {schema.field(wanted[0]).type} column"
-        stage = check_stage(check)
-        out.append(RowCheck(index, check.type, stage, tuple(dict.fromkeys(wanted)), accepted, stage == "published" and bool(message_key)))
-    return tuple(out), None
+def row_checks(checks: Sequence[Any], schema: pa.Schema, message_key: Sequence[str] = ()) -> tuple[RowCheck, ...]:
+    """The manifest's row-level checks the tasks measure on `schema`; the others are left to Spark
+    SQL on the decoded rows (great_expectations, a column not in the batch, a type whose comparison
+    may differ, `unique` other than on the message key). `message_key`: the
+    unique key's columns, each message's key made of them one to one; a batch the direct path
+    publishes holds every key once, so `unique` on them passes on the rows as published (not for a
+    floating-point column, whose 0.0 and -0.0 Spark groups as one value). With a unique key,
+    records leave the batch after the scan (repeated keys, keys missing): the published checks
+    keep their offending rows' positions to take them out."""
+    out = (_row_check(index, check, schema, message_key) for index, check in enumerate(checks) if check.type not in ("min_rows", "source_target_count"))
+    return tuple(c for c in out if c is not None)
+
+
+def _row_check(index: int, check: Any, schema: pa.Schema, message_key: Sequence[str]) -> RowCheck | None:
+    """How the tasks measure one check, or None when they cannot as Spark SQL would."""
+    if isinstance(check, UniqueCheck):
+        exact = all(_exact_key(schema.field(c).type) for c in message_key)
+        if check_stage(check) != "published" or not message_key or set(check.columns) != set(message_key) or not exact:
+            return None
+        return RowCheck(index, check.type, "published", tuple(check.columns))
+    if check.type not in KINDS:
+        return None
+    if isinstance(check, NotNullCheck):
+        wanted = tuple(check.columns)
+    elif isinstance(check, AcceptedValuesCheck):
+        wanted = (check.column,)
+    else:
+        assert isinstance(check, FreshnessCheck)
+        wanted = (check.column,) if check.column else ()
+    if any(c not in schema.names for c in wanted):
+        return None
+    accepted = None
+    if isinstance(check, AcceptedValuesCheck):
+        accepted = _value_set(schema.field(check.column).type, check.values)
+        if accepted is None:  # values of another type than the column's
+            return None
+    if isinstance(check, FreshnessCheck) and wanted and not _timelike(schema.field(wanted[0]).type):
+        return None
+    stage = check_stage(check)
+    return RowCheck(index, check.type, stage, tuple(dict.fromkeys(wanted)), accepted, stage == "published" and bool(message_key))
 
 
 def _exact_key(kind: pa.DataType) -> bool:
@@ -248,37 +249,50 @@ def measured(
 ) -> Measured:
     """The values of `stage`'s checks (quality/gates.Measured): for the published rows without the
     records that left the batch after the scan (`losers`: sorted offsets per partition). Their
-    sample rows are then read again where they are (`rows_at`): a task kept only its first few."""
+    sample rows are then read again where they are (`rows_at`): a task kept only its first few. A
+    check the tallies cannot settle exactly is left out of `Measured.checks` (Spark SQL judges it
+    on the decoded rows)."""
     out = Measured()
     for check in checks:
         if check.stage != stage:
             continue
-        drop = losers if stage == "published" else {}
-        if check.kind == "unique":
-            out.counts[("groups", check.index)] = 0
+        try:
+            _settle(check, tally, losers if stage == "published" else {}, rows_at, out)
+        except Unsettled:
             continue
-        if check.kind == "freshness":
-            out.newest[check.index] = _newest(tally, (check.index,), drop)
-            continue
-        keys = [("null", check.index, c) for c in check.columns] if check.kind == "not_null" else [("outside", check.index)]
-        left: list[np.ndarray] = []
-        for key in keys:
-            lost = 0
-            if drop and tally.counts.get(key):
-                if key in tally.truncated or not check.positions:
-                    raise Unsettled("more offending rows than a task keeps, in a batch some records leave after the scan")
-                for positions in tally.positions.get(key, ()):
-                    losing = _is_loser(positions, drop)
-                    lost += int(losing.sum())
-                    left.append(positions[~losing])
-            out.counts[key] = tally.counts.get(key, 0) - lost
-        if not drop or not any(out.counts[key] for key in keys):
-            rows = sorted(tally.samples.get(check.index, []), key=lambda s: (s[0], s[1]))
-            out.samples[check.index] = tuple(r for _, _, r in rows)[:SAMPLE_SIZE]
-        elif rows_at is not None:
-            first = np.unique(np.concatenate(left), axis=0)[:SAMPLE_SIZE]  # (partition, offset) order
-            out.samples[check.index] = tuple(rows_at([(int(p), int(o)) for p, o in first]))
+        out.checks.add(check.index)
     return out
+
+
+def _settle(
+    check: RowCheck, tally: Tally, drop: Mapping[int, np.ndarray], rows_at: Callable[[list[Position]], list[dict]] | None, out: Measured
+) -> None:
+    if check.kind == "unique":
+        out.counts[("groups", check.index)] = 0
+        return
+    if check.kind == "freshness":
+        out.newest[check.index] = _newest(tally, (check.index,), drop)
+        return
+    keys = [("null", check.index, c) for c in check.columns] if check.kind == "not_null" else [("outside", check.index)]
+    left: list[np.ndarray] = []
+    counts = {}
+    for key in keys:
+        lost = 0
+        if drop and tally.counts.get(key):
+            if key in tally.truncated or not check.positions:
+                raise Unsettled("more offending rows than a task keeps, in a batch some records leave after the scan")
+            for positions in tally.positions.get(key, ()):
+                losing = _is_loser(positions, drop)
+                lost += int(losing.sum())
+                left.append(positions[~losing])
+        counts[key] = tally.counts.get(key, 0) - lost
+    out.counts.update(counts)
+    if not drop or not any(counts.values()):
+        rows = sorted(tally.samples.get(check.index, []), key=lambda s: (s[0], s[1]))
+        out.samples[check.index] = tuple(r for _, _, r in rows)[:SAMPLE_SIZE]
+    elif rows_at is not None:
+        first = np.unique(np.concatenate(left), axis=0)[:SAMPLE_SIZE]  # (partition, offset) order
+        out.samples[check.index] = tuple(rows_at([(int(p), int(o)) for p, o in first]))
 
 
 def _newest(tally: Tally, key: tuple, drop: Mapping[int, np.ndarray]) -> int | None:

@@ -127,8 +127,8 @@ def run_pre_publish(
     (naive means UTC). Results are in manifest order; source_target_count is left to run_post_publish.
     `stage` selects the checks of one frame: "extracted" (min_rows and `stage: extracted` checks, on
     the decoded batch) or "published" (the other row-level checks, on the rows to publish); None
-    evaluates every pre-publish check on `df`. `measured`: the row-level checks' values as the
-    direct path's tasks measured them (quality/arrow_checks.py), instead of `df`.
+    evaluates every pre-publish check on `df`. `measured`: the values of the checks it holds as the
+    direct path's tasks measured them (quality/arrow_checks.py); the others are evaluated on `df`.
     """
     severity = severity_for(mode)
     checks = _models(checks)
@@ -139,17 +139,21 @@ def run_pre_publish(
         for index, (name, c) in enumerate(zip(names, checks, strict=True))
         if c.type in PRE_PUBLISH_TYPES and (stage is None or check_stage(c) == stage)
     ]
-    ctx: Measured | _Batch = measured if measured is not None else _Batch(df, severity)
-    if rows > 0 and isinstance(ctx, _Batch):
-        _require_columns(ctx.df, [(name, c) for _, name, c in selected])
-        ctx.aggregate([(index, c) for index, _, c in selected])
+    on_frame = [(index, name, c) for index, name, c in selected if measured is None or index not in measured.checks]
+    batch = _Batch(df, severity) if df is not None else None
+    if rows > 0 and batch is not None and on_frame:
+        _require_columns(batch.df, [(name, c) for _, name, c in on_frame])
+        batch.aggregate([(index, c) for index, _, c in on_frame])
     results = []
     for index, name, check in selected:
         verdict = _Verdict(name, check, severity)
+        ctx: Measured | _Batch | None = measured if measured is not None and index in measured.checks else batch
         if isinstance(check, MinRowsCheck):
             results.append(_min_rows(verdict, rows, incremental_empty))
         elif rows == 0:
             results.append(verdict(True, None, _threshold(check), "empty batch: nothing to check", skipped=True))
+        elif ctx is None:
+            raise ValueError(f"quality check {name} ({check.type}) needs the batch as a DataFrame")
         elif isinstance(check, NotNullCheck):
             results.append(_not_null(ctx, index, verdict))
         elif isinstance(check, AcceptedValuesCheck):
@@ -186,6 +190,7 @@ class Measured:
     counts: dict[tuple, int] = field(default_factory=dict)
     newest: dict[int, int | None] = field(default_factory=dict)
     samples: dict[int, tuple[dict, ...]] = field(default_factory=dict)
+    checks: set[int] = field(default_factory=set)  # the indexes of the checks measured
 
     def nulls(self, index: int, check: NotNullCheck, column: str) -> int:
         return self.counts[("null", index, column)]

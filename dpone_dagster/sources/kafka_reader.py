@@ -45,7 +45,7 @@ RAW_SCHEMA = StructType(
     ]
 )
 
-_ARROW_SCHEMA = pa.schema(
+RAW_ARROW_SCHEMA = pa.schema(
     [
         ("topic", pa.string()),
         ("partition", pa.int32()),
@@ -220,9 +220,9 @@ def _to_batch(messages: list[Any], topic: str, partition: int) -> pa.RecordBatch
     headers = list(map(Message.headers, messages))
     if any(headers):
         header_values: list[Any] = [[{"key": k, "value": v} for k, v in h] if h else None for h in headers]
-        header_array = pa.array(header_values, _ARROW_SCHEMA.field("headers").type)
+        header_array = pa.array(header_values, RAW_ARROW_SCHEMA.field("headers").type)
     else:
-        header_array = pa.nulls(n, _ARROW_SCHEMA.field("headers").type)
+        header_array = pa.nulls(n, RAW_ARROW_SCHEMA.field("headers").type)
     return pa.RecordBatch.from_arrays(
         [
             pa.repeat(pa.scalar(topic, pa.string()), n),
@@ -233,5 +233,5 @@ def _to_batch(messages: list[Any], topic: str, partition: int) -> pa.RecordBatch
             pa.array(list(map(Message.value, messages)), pa.binary()),
             header_array,
         ],
-        schema=_ARROW_SCHEMA,
+        schema=RAW_ARROW_SCHEMA,
     )

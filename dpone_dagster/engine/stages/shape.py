@@ -90,7 +90,8 @@ def shape_messages(
         elif policy in ("keep_last", "keep_first"):
             keyed, removed = _keep_one_per_key(manifest, keyed, policy, counts, kept)
     with stage(result, "quality_published", log):
-        pre_publish_gates(manifest, keyed, incremental, result, keyed_rows - removed, "published")
+        # The checks see the decoded rows, as at the extracted stage, without the sink key added here.
+        pre_publish_gates(manifest, keyed.drop(kafka_messages.KEY), incremental, result, keyed_rows - removed, "published")
     if options.key.mode == "unique_key" and not kafka_messages.uses_dedupe(sink):
         keyed = kafka_messages.ordered_by_key(keyed)
     registry = _registry_plan(manifest, keyed, clients, result)
