@@ -25,7 +25,7 @@ from conftest import consume_all, create_topic, unique_topic
 
 from dpone_dagster.connections import JdbcConnection
 from dpone_dagster.engine.run import run_pipeline
-from dpone_dagster.errors import ConfigError, RunFailed
+from dpone_dagster.errors import ConfigError, DataRefused, RunFailed
 from dpone_dagster.manifest import parse_manifest
 from dpone_dagster.sources.sql import SqlBatchSource, SqlBoundary
 from dpone_dagster.sources.sql import text as T
@@ -256,7 +256,10 @@ STAND_IN_BCP = r"""#!{python}
 import os, signal, sys
 path = sys.argv[sys.argv.index("queryout") + 1]
 mode = os.environ.get("STAND_IN_BCP", "ok")
-rows = {{"ok": "1\x1f\"~first\"\x1e2\x1f\x1e", "garbage": "1\x1f\"~a\"\x1fextra\x1fextra\x1e"}}
+if os.environ.get("STAND_IN_BCP_CALLS"):
+    with open(os.environ["STAND_IN_BCP_CALLS"], "a") as calls:
+        calls.write("export\n")
+rows = {{"ok": "1\x1f\"~first\"\x1e2\x1f\x1e", "garbage": "1\x1f\"~a\"\x1fextra\x1fextra\x1e", "keyless": "\x1f\"~first\"\x1e2\x1f\x1e"}}
 with open(path, "w", encoding="utf-8") as export:
     export.write(rows.get(mode, "1\x1f\"~part"))
     export.flush()
@@ -310,12 +313,27 @@ def test_bcp_export_is_removed_after_a_successful_run(broker, spark, kafka_env, 
     topic = unique_topic("sqlbcp")
     create_topic(broker.bootstrap_servers, topic, 1)
     result = run_pipeline(parse_manifest(bcp_manifest(topic, str(tmp_path / "state"))), spark)
-    assert result.messages_produced == 2
+    assert result.messages_produced == 2 and result.execution_path == "direct"
     assert sorted((r["key"], r["value"]["note"]) for r in consume_all(broker.bootstrap_servers, topic)) == [
         ("1", "first"),
         ("2", None),
     ]
     assert list(stand_in_bcp.iterdir()) == []  # no export file, no export directory
+
+
+def test_a_bcp_export_handed_to_the_spark_sql_path_is_not_exported_again(broker, spark, kafka_env, stand_in_bcp, tmp_path, monkeypatch):
+    """A row without its key sends the batch from the direct path to the Spark SQL path, which
+    judges it with the rows already exported (its bad-record policy, fail, refuses the batch)."""
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("STAND_IN_BCP", "keyless")
+    monkeypatch.setenv("STAND_IN_BCP_CALLS", str(calls))
+    topic = unique_topic("sqlbcpkeyless")
+    create_topic(broker.bootstrap_servers, topic, 1)
+    with pytest.raises(DataRefused, match="have no unique key"):
+        run_pipeline(parse_manifest(bcp_manifest(topic, str(tmp_path / "state"))), spark)
+    assert calls.read_text() == "export\n"
+    assert consume_all(broker.bootstrap_servers, topic, timeout_s=5) == []
+    assert list(stand_in_bcp.iterdir()) == []
 
 
 @pytest.mark.parametrize(

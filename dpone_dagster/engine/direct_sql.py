@@ -15,6 +15,8 @@ In the order of guarantees of every route (engine/run.py):
    the kept files; the delivery reports go to the commit, which moves the watermark.
 Every wait on the tasks is bounded (spark/jobs.py).
 
+The rows come from a JDBC read or from a bcp / pyodbc export, which the source takes once per run
+(a batch handed to the Spark SQL path is judged there from the same export).
 The kept files live on the host of the task that read the rows, and nothing can read them again
 as judged: the path is taken where every task runs in the driver's host (a local session).
 """
@@ -76,8 +78,6 @@ def refusal(manifest: Manifest, planned: PlannedRead, spark: SparkSession) -> st
         return "the sink is not Kafka"
     if is_connect(spark) or not local_mode(spark):
         return "a Spark cluster: the kept messages would live on hosts no produce task is sure to reach"
-    if source.options.export_mode != "jdbc":
-        return f"export_mode {source.options.export_mode} (read on the driver before the path could refuse a type)"
     if getattr(planned.boundary, "method", None) == "cdc":
         return "a CDC read (deletes and change order)"
     if getattr(planned.boundary, "empty", False):
