@@ -309,3 +309,24 @@ def test_a_failing_expectation_stops_the_direct_path_before_anything_is_produced
         run_pipeline(manifest, spark)
     assert consume_raw(bs, dst, timeout_s=5) == []
     assert LocalStateStore(str(tmp_path)).load_offsets(src, f"g_{dst}") == {}
+
+
+def test_a_batch_that_reads_again_otherwise_goes_to_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """The rows read again for the checks must be those the scan read (a topic compacted in
+    between holds fewer): when the count differs, the Spark SQL path judges and produces the
+    batch from one read. The mismatch is simulated by expecting one record more (no broker here
+    compacts a topic on demand)."""
+    from dpone_dagster.engine import direct_checks
+
+    real = direct_checks.kafka_rows
+    monkeypatch.setattr(direct_checks, "kafka_rows", lambda *args: real(*args[:-1], args[-1] + 1))
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("csrc"), unique_topic("cdst")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    produce_json(bs, src, [{"order_id": i, "amount": i} for i in range(20)], partition=0)
+    quality = "  mode: fail\n  checks: [{type: unique, columns: [amount]}]"
+    manifest = parse_manifest(manifest_text(src, dst, tmp_path, "{mode: incremental_append, unique_key: order_id}", quality=f"quality:\n{quality}"))
+    result = run_pipeline(manifest, spark)
+    assert result.execution_path == "spark_sql" and any("holds 20 record(s), not the 21" in n for n in result.notes), result.notes
+    assert sorted(r["key"] for r in consume_raw(bs, dst)) == sorted(str(i).encode() for i in range(20))

@@ -22,7 +22,7 @@ from confluent_kafka import Producer
 from conftest import consume_raw, create_topic, produce_json, unique_topic
 
 from dpone_dagster.direct import task
-from dpone_dagster.direct.keys import TaskHashes, candidates, key_hashes
+from dpone_dagster.direct.keys import TaskHashes, candidates, key_hashes, left_out_by_policy
 from dpone_dagster.direct.progress import SliceProgress, SliceSchedule
 from dpone_dagster.engine.direct import _losers
 from dpone_dagster.engine.run import RunRequest, run_pipeline
@@ -690,6 +690,14 @@ def test_candidates_are_hashes_seen_twice_anywhere():
     # By bucket: each bucket finds the candidates of its own hashes.
     by_bucket = [candidates(parts).tolist() for parts in zip(*(t.split(3) for t in (first, second, third)), strict=True)]
     assert sorted(h for found in by_bucket for h in found) == [5, 9]
+
+
+def test_a_null_in_the_source_order_ranks_before_any_value():
+    """As Spark orders the struct of a SQL row's order (watermark, key): a null field is the
+    smallest value, so keep_last never keeps it over a value and keep_first keeps it first."""
+    records = pa.table({"key": [b"k", b"k", b"k", b"j"], "w": [None, 5, 3, 1], "row": [0, 1, 2, 3]})
+    assert left_out_by_policy(records, ["w", "row"], "keep_last")["row"].to_pylist() == [2, 0]
+    assert left_out_by_policy(records, ["w", "row"], "keep_first")["row"].to_pylist() == [2, 1]
 
 
 def test_losers_follow_the_source_order():

@@ -154,13 +154,13 @@ def test_an_avro_sink_registers_once_every_gate_passed(broker, spark, kafka_env,
 @pytest.mark.parametrize(
     ("case", "strategy", "why"),
     [
-        ("repeated_keys", "{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_last}", "keys that may repeat"),
+        ("repeated_keys", "{mode: incremental_append, unique_key: customer}", "keys that may repeat"),
         ("keyless", "{mode: incremental_append, unique_key: amount}", "without their key"),
         ("large_double", "{mode: incremental_append, unique_key: order_id}", "a double of magnitude 1e16"),
     ],
 )
 def test_what_only_the_spark_sql_path_decides_goes_there(broker, spark, kafka_env, db, tmp_path, case, strategy, why):
-    """Repeated keys (keep_last), rows without their key (their bad-record policy: fail), a double
+    """Repeated keys of an append (ordered by key there), rows without their key (their bad-record policy: fail), a double
     Java prints otherwise than the shortest digits: the batch is read again by the Spark SQL
     path, which decides as it always did; nothing was produced by the first attempt."""
     create_orders(db)
@@ -179,13 +179,41 @@ def test_what_only_the_spark_sql_path_decides_goes_there(broker, spark, kafka_en
     assert any(why in n for n in result.notes), result.notes
     assert not kept_directory_exists(spark, result.run_id), "the first attempt's kept files outlived it"
     records = consume_raw(broker.bootstrap_servers, dst)
-    if case == "repeated_keys":  # customer c<i/2>: the later order of each customer
-        assert len(records) == result.messages_produced == 151 and result.duplicates_removed == 149
-        kept = {r["key"].decode(): r["value"] for r in records}
-        assert b'"order_id":5,' in kept["c2"] and b'"order_id":299,' in kept["c149"]
-    else:
-        assert len(records) == 300
+    assert len(records) == 300
+    if case == "large_double":
         assert any(b'"rate":1.0E20' in r["value"] for r in records)
+
+
+@pytest.mark.parametrize("policy", ["keep_last", "keep_first"])
+def test_repeated_keys_are_settled_on_the_direct_path(broker, spark, kafka_env, db, tmp_path, monkeypatch, policy):
+    """Customer c<i/2> orders twice: keep_last keeps the later row of each customer by the
+    watermark (updated_at), keep_first the earlier, the Spark SQL path's messages exactly; the
+    rows left out are never produced."""
+    create_orders(db)
+    strategy = f"{{mode: incremental_merge, unique_key: customer, duplicate_policy: {policy}}}"
+    (direct, direct_records), (sql, sql_records) = run_both(broker.bootstrap_servers, spark, tmp_path, monkeypatch, strategy)
+    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
+    assert direct.duplicates_removed == sql.duplicates_removed == 149
+    assert direct.messages_produced == len(direct_records) == 151
+    assert messages(direct_records) == messages(sql_records)
+    kept = {r["key"].decode(): r["value"] for r in direct_records}
+    assert (b'"order_id":5,' in kept["c2"]) == (policy == "keep_last")
+    assert (b'"order_id":4,' in kept["c2"]) == (policy == "keep_first")
+    assert not kept_directory_exists(spark, direct.run_id)
+
+
+def test_published_checks_with_rows_left_out_go_to_the_spark_sql_path(broker, spark, kafka_env, db, tmp_path):
+    """A row-level check of the rows as published, with rows keep_last leaves out: the kept read
+    holds every row, so the Spark SQL path judges the batch (nothing was produced first)."""
+    create_orders(db)
+    dst = unique_topic("sqld_published")
+    create_topic(broker.bootstrap_servers, dst, 2)
+    quality = "quality: {mode: warn, checks: [{type: unique, columns: [customer]}]}"
+    strategy = "{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_last}"
+    result = run_pipeline(parse_manifest(manifest_text(dst, tmp_path, strategy, quality=quality)), spark)
+    assert result.execution_path == "spark_sql" and any("checks of the rows as published" in n for n in result.notes), result.notes
+    assert [(g["passed"], g["observed"]) for g in result.gates] == [(True, 0)]
+    assert len(consume_raw(broker.bootstrap_servers, dst)) == 151
 
 
 ROW_CHECKS = """quality:

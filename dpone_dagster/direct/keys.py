@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 _MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
 _LENGTH_SALT = np.uint64(0xC2B2AE3D27D4EB4F)
@@ -86,3 +87,22 @@ def candidates(tasks: Iterable[TaskHashes]) -> np.ndarray:
         values, counts = np.unique(np.concatenate(distinct), return_counts=True)
         across = values[counts > 1]
     return np.unique(np.concatenate([across, *repeated])) if repeated else across
+
+
+def left_out_by_policy(records: pa.Table, order: list[str], policy: str) -> pa.Table:
+    """keep_last / keep_first among `records` (a `key` column, then the source order's columns
+    `order`, most significant first): every record but one per key, as the Spark SQL path's
+    window ranks them (kafka_messages.dedupe: a null orders before any value). Pure Arrow."""
+    direction = "descending" if policy == "keep_last" else "ascending"
+    ranked = records.take(
+        pc.sort_indices(
+            records,
+            sort_keys=[("key", "ascending"), *[(name, direction) for name in order]],
+            null_placement="at_end" if policy == "keep_last" else "at_start",
+        )
+    )
+    keys = ranked.column("key").combine_chunks()
+    first = np.ones(len(keys), bool)
+    if len(keys) > 1:
+        first[1:] = pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1)).to_numpy(zero_copy_only=False)
+    return ranked.filter(pa.array(~first))

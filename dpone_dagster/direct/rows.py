@@ -1,7 +1,7 @@
 """Executor side of the checks Spark SQL judges on a direct-path batch (engine/direct_checks.py):
 a task reads its slices again and yields their decoded rows with the columns the Spark SQL path's
 decoder gives every record (spark/decode.decoded_columns), so that a check — Great Expectations
-included — sees the same table on either path."""
+included — sees the same columns on either path."""
 
 from __future__ import annotations
 
@@ -43,12 +43,26 @@ def judged_rows(
     deletes when they are skipped."""
     schema = rows_schema(settings.schema)
     for piece in slices:
-        for raw in task.records(settings, piece, left_out.get(piece[1])):
-            raw, columns, is_delete = task.decoded(settings, raw)
-            if skip_deletes:
-                kept = pc.invert(is_delete)
-                raw, columns, is_delete = raw.filter(kept), [c.filter(kept) for c in columns], is_delete.filter(kept)
-            yield pa.RecordBatch.from_arrays([*columns, *_metadata(raw, is_delete)], schema=schema)
+        for whole in task.records(settings, piece, left_out.get(piece[1])):
+            for raw, columns, is_delete in _decoded(settings, whole):
+                if skip_deletes:
+                    kept = pc.invert(is_delete)
+                    raw, columns, is_delete = raw.filter(kept), [c.filter(kept) for c in columns], is_delete.filter(kept)
+                yield pa.RecordBatch.from_arrays([*columns, *_metadata(raw, is_delete)], schema=schema)
+
+
+def _decoded(settings: task.DirectSettings, raw: pa.RecordBatch) -> Iterator[tuple[pa.RecordBatch, list[pa.Array], pa.Array]]:
+    """`raw` decoded as the scan decoded it. The reader may group the records otherwise than in
+    the scan, and the decoder takes a batch whole or not at all: a batch it refuses is decoded in
+    halves (every record here was decoded by the scan)."""
+    try:
+        yield task.decoded(settings, raw)
+    except task.Refused:
+        if raw.num_rows < 2:
+            raise
+        half = raw.num_rows // 2
+        yield from _decoded(settings, raw.slice(0, half))
+        yield from _decoded(settings, raw.slice(half))
 
 
 def _metadata(raw: pa.RecordBatch, is_delete: pa.Array) -> list[pa.Array]:

@@ -29,6 +29,7 @@ from dpone_dagster.shape.headers import HeaderSpec
 from dpone_dagster.sinks.kafka import ProducerSettings, produce_batches
 
 MESSAGES = pa.schema([("key", pa.binary()), ("value", pa.binary())])
+ORDER = "order"  # a kept message's source order, with keep_last / keep_first
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,9 @@ class SqlSettings:
     frame_bytes: int = 0  # what a registry frame adds to each value
     value_prefix: bytes = b""  # the frame, once the schema is registered (set before producing)
     headers: HeaderSpec | None = None
+    # keep_last | keep_first: each kept message keeps its row's source order (columns.ORDER), so
+    # that the driver settles keys that repeat (candidate_records) as the Spark SQL path would.
+    keep: str | None = None
 
 
 @dataclass(frozen=True)
@@ -90,35 +94,65 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
             oversized += int(pc.sum(pc.greater(sizes, settings.max_message_bytes - extra)).as_py() or 0)
             if settings.hashed and not missing:
                 hashes.append(key_hashes(key))
-            spill.write(pa.RecordBatch.from_arrays([key, value], schema=MESSAGES))
+            if settings.keep is not None:
+                spill.write(pa.RecordBatch.from_arrays([key, value, batch.column(C.ORDER)], names=[*MESSAGES.names, ORDER]))
+            else:
+                spill.write(pa.RecordBatch.from_arrays([key, value], schema=MESSAGES))
             messages += batch.num_rows
     return SqlReport(path, rows, deletes, messages, keyless, oversized, refused, TaskHashes.of(hashes) if settings.hashed else None)
 
 
-def produce(settings: SqlSettings, producer: ProducerSettings, paths: list[str]) -> Iterator[pa.RecordBatch]:
-    """Produce the kept messages of `paths`; yields the delivery statistics (sinks/kafka.py). A
-    file that is gone fails the task: its rows cannot be read again as they were judged."""
+def candidate_records(paths: list[str], candidates: np.ndarray) -> pa.Table | None:
+    """The kept messages of `paths` whose key hash is a candidate (direct/keys.py): their key,
+    file, row number in it and source order; what the driver settles repeated keys on."""
+    found = []
+    for path in paths:
+        for row, batch in _kept(path):
+            chosen = np.flatnonzero(np.isin(key_hashes(batch.column("key")), candidates))
+            if len(chosen):
+                picked = batch.take(pa.array(chosen))
+                found.append(
+                    pa.table({"key": picked.column("key"), "file": pa.array([path] * len(chosen)), "row": pa.array(chosen + row, pa.int64()), ORDER: picked.column(ORDER)})
+                )
+    return pa.concat_tables(found) if found else None
+
+
+def produce(settings: SqlSettings, producer: ProducerSettings, paths: list[str], left_out: dict[str, np.ndarray] | None = None) -> Iterator[pa.RecordBatch]:
+    """Produce the kept messages of `paths` but the rows `left_out` (per file: row numbers, sorted);
+    yields the delivery statistics (sinks/kafka.py). A file that is gone fails the task: its rows
+    cannot be read again as they were judged."""
 
     def messages() -> Iterator[pa.RecordBatch]:
         for path in paths:
-            if not os.path.exists(path):
-                raise RuntimeError(f"the kept messages {path} are gone (another host, or removed): the batch cannot be produced as judged")
-            with pa.memory_map(path) as source:
-                reader = ipc.open_file(source)
-                for i in range(reader.num_record_batches):
-                    batch = reader.get_batch(i)
-                    if not batch.num_rows:
-                        continue
-                    listed = None
-                    if settings.headers is not None:  # static ones only: SQL rows have no lineage
-                        listed = message_headers.headers(settings.headers, 0, pa.array(np.zeros(batch.num_rows, np.int64)), None)
-                    yield outgoing(batch, settings.value_prefix, listed)
+            dropped = (left_out or {}).get(path)
+            for row, batch in _kept(path):
+                if dropped is not None and len(dropped):
+                    batch = batch.filter(pa.array(~np.isin(np.arange(row, row + batch.num_rows), dropped)))
+                if not batch.num_rows:
+                    continue
+                listed = None
+                if settings.headers is not None:  # static ones only: SQL rows have no lineage
+                    listed = message_headers.headers(settings.headers, 0, pa.array(np.zeros(batch.num_rows, np.int64)), None)
+                yield outgoing(batch, settings.value_prefix, listed)
 
     try:
         yield from produce_batches(producer, messages())
     finally:
         for path in paths:
             remove_file(path)
+
+
+def _kept(path: str) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """The kept batches of one file, each with the row number of its first message."""
+    if not os.path.exists(path):
+        raise RuntimeError(f"the kept messages {path} are gone (another host, or removed): the batch cannot be produced as judged")
+    row = 0
+    with pa.memory_map(path) as source:
+        reader = ipc.open_file(source)
+        for i in range(reader.num_record_batches):
+            batch = reader.get_batch(i)
+            yield row, batch
+            row += batch.num_rows
 
 
 def spill_path(settings: SqlSettings, partition: int) -> str:

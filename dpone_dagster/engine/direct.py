@@ -47,7 +47,7 @@ from pyspark.sql import functions as F
 
 from dpone_dagster import columns as C
 from dpone_dagster.direct import task
-from dpone_dagster.direct.keys import candidates
+from dpone_dagster.direct.keys import candidates, left_out_by_policy
 from dpone_dagster.engine import direct_checks, direct_registry
 from dpone_dagster.engine.bad_records import handle_bad_records
 from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
@@ -171,10 +171,11 @@ def copy(
                 tally.add(report.checks)
         undecodable = bad.positions("undecodable")
 
-        def decoded_rows(left_out: dict[int, np.ndarray], skip_deletes: bool = False) -> Callable[[], DataFrame]:
-            return lambda: direct_checks.kafka_rows(spark, jobs, settings, groups, read_bound, left_out, skip_deletes)
+        def decoded_rows(left_out: dict[int, np.ndarray], skip_deletes: bool, expected: int) -> Callable[[], DataFrame]:
+            return lambda: direct_checks.kafka_rows(spark, jobs, settings, groups, read_bound, left_out, skip_deletes, expected)
 
-        _gates(manifest, planned, settings, tally, {}, result, rows, "quality_pre", "extracted", log, decoded_rows(undecodable))
+        rows_extracted = decoded_rows(undecodable, False, rows - bad.count("undecodable"))
+        _gates(manifest, planned, settings, tally, {}, result, rows, "quality_pre", "extracted", log, rows_extracted)
         with stage(result, "shape", log):
             deletes = sum(r.deletes for r in reports)
             if deletes and settings.deletes == "fail":
@@ -186,7 +187,7 @@ def copy(
             skip, removed = _settle_repeated_keys(manifest, spark, jobs, settings, groups, found, read_bound, set_aside)
             unpublished = _merged(skip, bad.positions("keyless"))  # not among the rows as published
             published = rows - removed - result.deletes_skipped - bad.left_out
-            rows_published = decoded_rows(_merged(unpublished, undecodable), settings.deletes == "skip")
+            rows_published = decoded_rows(_merged(unpublished, undecodable), settings.deletes == "skip", published)
             _gates(manifest, planned, settings, tally, unpublished, result, published, "quality_published", "published", log, rows_published)
             bad.judge_oversized(result, settings.max_message_bytes)
             removed += result.deletes_skipped + bad.left_out  # left out of the messages either way
@@ -498,11 +499,7 @@ def _merged(first: dict[int, np.ndarray], second: dict[int, np.ndarray]) -> dict
 def _losers(records: pa.Table, policy: str) -> tuple[dict[int, np.ndarray], int]:
     """keep_last / keep_first among the records of repeated keys: the source order is (timestamp,
     partition, offset), as on the Spark SQL path; every record but one per key is left out."""
-    order = "descending" if policy == "keep_last" else "ascending"
-    ranked = records.sort_by([("key", "ascending"), ("timestamp", order), ("partition", order), ("offset", order)])
-    keys = ranked["key"].to_pylist()
-    first = np.array([i == 0 or keys[i] != keys[i - 1] for i in range(len(keys))], bool)
-    dropped = ranked.filter(pa.array(~first))
+    dropped = left_out_by_policy(records, ["timestamp", "partition", "offset"], policy)
     partitions = dropped["partition"].to_numpy()
     offsets = dropped["offset"].to_numpy()
     return _by_partition(partitions, offsets), int(len(offsets))

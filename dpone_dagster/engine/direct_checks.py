@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from dpone_dagster.direct import rows, task
+from dpone_dagster.engine.direct_attempt import ToSparkSql
 from dpone_dagster.quality.gates import PRE_PUBLISH_TYPES, Measured, check_stage
 from dpone_dagster.spark.jobs import BoundedJobs
 from dpone_dagster.spark.keep import keep_batch, release_batch
@@ -44,9 +45,13 @@ def kafka_rows(
     seconds: float,
     left_out: dict[int, np.ndarray],
     skip_deletes: bool,
+    expected: int,
 ) -> DataFrame:
     """The decoded rows of the scan's `groups` (one task each) without `left_out` (per partition)
-    and, when they are skipped, the deletes; kept (spark/keep.py: release it with release_batch)."""
+    and, when they are skipped, the deletes; kept (spark/keep.py: release it with release_batch).
+    Read again, the batch must hold the `expected` rows the scan counted: a topic compacted or
+    truncated since holds fewer, and the batch goes to the Spark SQL path (ToSparkSql), which
+    reads it once for both its checks and its messages."""
     schema = from_arrow_schema(rows.rows_schema(settings.schema))
 
     def read(batches: Any) -> Any:
@@ -56,7 +61,9 @@ def kafka_rows(
 
     frame = keep_batch(spark.range(len(groups), numPartitions=max(1, len(groups))).mapInArrow(read, schema))
     try:
-        jobs.run(frame.count, seconds, "the read of the batch's rows for the checks Spark SQL judges")
+        found = jobs.run(frame.count, seconds, "the read of the batch's rows for the checks Spark SQL judges")
+        if found != expected:
+            raise ToSparkSql(f"the batch read again for its checks holds {found} record(s), not the {expected} the scan read")
     except BaseException:
         release_batch(frame)
         raise

@@ -8,9 +8,11 @@ In the order of guarantees of every route (engine/run.py):
 1. scan: one task per partition of the read writes each row's message by the one rule
    (shape/message.py), keeps it in a file of its host, and reports counts and key hashes.
 2. judge: deletes with deletes disabled fail the run; min_rows and source_target_count gate the
-   counts, the row-level checks (Great Expectations included) the read, kept before the scan. What the Spark SQL path decides with its own rules — rows without their unique key,
-   keys that repeat (de-duplication or per-key order), messages over message.max.bytes, values
-   the rule does not write — sends the batch there (read again; nothing was produced).
+   counts, the row-level checks (Great Expectations included) the read, kept before the scan.
+   keep_last / keep_first settle keys that repeat on the kept messages' source order. What the
+   Spark SQL path decides with its own rules — rows without their unique key, keys that repeat
+   in an append or under duplicate_policy: fail, messages over message.max.bytes, values the rule
+   does not write — sends the batch there (read again; nothing was produced).
 3. produce: every gate passed, the registry schema (if any) is registered, the tasks produce
    the kept files; the delivery reports go to the commit, which moves the watermark.
 Every wait on the tasks is bounded (spark/jobs.py).
@@ -28,6 +30,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import replace
 
+import numpy as np
 import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
@@ -36,7 +39,7 @@ from pyspark.sql.types import StructType
 
 from dpone_dagster import columns as C
 from dpone_dagster.direct import sql_task
-from dpone_dagster.direct.keys import candidates
+from dpone_dagster.direct.keys import candidates, left_out_by_policy
 from dpone_dagster.engine import direct_checks, direct_registry
 from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
 from dpone_dagster.engine.results import RunResult
@@ -49,6 +52,7 @@ from dpone_dagster.formats.registry_source import arrow_schema
 from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.kafka.delivery import aggregate
 from dpone_dagster.manifest.models import KafkaSink, Manifest, SqlSource
+from dpone_dagster.quality.gates import check_stage
 from dpone_dagster.shape import message
 from dpone_dagster.shape.envelope import envelope_parts
 from dpone_dagster.shape.headers import HeaderSpec
@@ -126,6 +130,7 @@ def copy(
             reports = _scan(jobs, settings, frame, getattr(planned.boundary, "total", None))
             rows = result.rows_extracted = sum(r.rows for r in reports)
             _judge(reports)
+            left_out, removed = _settle_repeated_keys(jobs, settings, manifest, reports)
             result.notes.extend(extracted.notes)
         _gates(manifest, planned, result, rows, "quality_pre", "extracted", log, frame)
         with stage(result, "shape", log):
@@ -134,7 +139,9 @@ def copy(
                 raise deletes_disabled(deletes)
             if settings.rule.deletes == "skip":
                 result.deletes_skipped = deletes
-            expected = sum(r.messages for r in reports)
+            expected = sum(r.messages for r in reports) - removed
+            if removed and direct_checks.row_level([c for c in manifest.quality.checks if check_stage(c) == "published"]):
+                raise ToSparkSql("checks of the rows as published, with rows keep_last / keep_first leaves out")
             published = frame.where(F.col(C.OP) != C.DELETE) if settings.rule.deletes == "skip" else frame
             _gates(manifest, planned, result, expected, "quality_published", "published", log, published)
     except ToSparkSql as exc:
@@ -148,13 +155,14 @@ def copy(
         if kept is not None:
             release_batch(kept)
     result.execution_path = "direct"
+    result.duplicates_removed = removed
     if prepared is None:
         result.schema_evolution = {"target": "no registry: the target side of schema evolution is a no-op"}
     try:
         if prepared is not None:  # every gate passed: the schema may be registered now
             settings = replace(settings, value_prefix=direct_registry.register(manifest, prepared, registry_config, result))
         with stage(result, "load", log):
-            stats = aggregate(_produce(jobs, settings, manifest, sink_config, reports, log))
+            stats = aggregate(_produce(jobs, settings, manifest, sink_config, reports, left_out, log))
         check_delivery(manifest, stats, result)
     finally:
         _remove_kept(jobs, settings, log)
@@ -206,6 +214,7 @@ def _settings(
             names=tuple(names),
             rule=rule,
             hashed=key_columns is not None,
+            keep=_keeps_one(manifest) if key_columns is not None else None,
             max_message_bytes=int(producer_config(sink_config, options.delivery).get("message.max.bytes", 1_000_000)),
             header_bytes=sum(len(k.encode()) + len(v.encode()) for k, v in static.items()),
             frame_bytes=len(direct_registry.value_frame(prepared, 0)) if prepared is not None else 0,
@@ -228,7 +237,7 @@ def _scan(jobs: BoundedJobs, settings: sql_task.SqlSettings, frame: DataFrame, p
         report = sql_task.scan(settings, context.partitionId(), batches)
         yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(report)], pa.binary())], names=["report"])
 
-    frame = frame.select(*settings.names, C.OP)  # what the rule reads
+    frame = frame.select(*settings.names, C.OP, *([C.ORDER] if settings.keep else []))  # what the rule reads
     tasks = frame.rdd.getNumPartitions()
     seconds = deadline_s(2 * (planned_rows or 0), READ_WAIT_S, waves(tasks, local_task_slots(jobs.spark) or 1))
     rows = jobs.run(lambda: frame.mapInArrow(scanned, "report binary").collect(), seconds, "the scan of the batch")
@@ -246,11 +255,46 @@ def _judge(reports: list[sql_task.SqlReport]) -> None:
     oversized = sum(r.oversized for r in reports)
     if oversized:
         raise ToSparkSql(f"{oversized} message(s) over message.max.bytes")
-    hashed = [r.hashes for r in reports if r.hashes is not None]
-    if hashed and len(candidates(hashed)):
-        raise ToSparkSql("keys that may repeat in the batch")
     if not sum(r.rows for r in reports):
         raise ToSparkSql("nothing was read")
+
+
+def _keeps_one(manifest: Manifest) -> str | None:
+    """keep_last / keep_first when a merge keeps one row per key, else None."""
+    strategy = manifest.sink.strategy
+    return strategy.duplicate_policy if strategy.mode == "incremental_merge" and strategy.duplicate_policy in ("keep_last", "keep_first") else None
+
+
+def _settle_repeated_keys(
+    jobs: BoundedJobs, settings: sql_task.SqlSettings, manifest: Manifest, reports: list[sql_task.SqlReport]
+) -> tuple[dict[str, np.ndarray], int]:
+    """The kept rows keep_last / keep_first leaves out (row numbers per file) and how many, settled
+    on the keys themselves from the candidate hashes; keys that repeat where the Spark SQL path
+    orders them (append) or refuses them (duplicate_policy: fail) send the batch there."""
+    hashed = [r.hashes for r in reports if r.hashes is not None]
+    found = candidates(hashed) if hashed else np.zeros(0, np.uint64)
+    if not len(found):
+        return {}, 0
+    if settings.keep is None:
+        raise ToSparkSql("keys that may repeat in the batch")
+    groups = [[r.path] for r in reports if r.messages]
+    seconds = deadline_s(max(r.messages for r in reports), KEPT_CLEANUP_S, waves(len(groups), local_task_slots(jobs.spark) or 1))
+    picked = jobs.in_tasks(groups, lambda paths: sql_task.candidate_records(paths, found), seconds, "the read of repeated keys")
+    tables = [t for t in picked if t is not None]
+    if not tables:
+        return {}, 0
+    records = pa.concat_tables(tables)
+    order = records.column(sql_task.ORDER).combine_chunks()
+    names = [f"o{i}" for i in range(order.type.num_fields)]
+    flat = pa.table([records.column("key"), *order.flatten(), records.column("file"), records.column("row")], names=["key", *names, "file", "row"])
+    # Rows whose source order ties are ranked in the order of their files and rows (the Spark
+    # SQL path's window picks any one of them).
+    dropped = left_out_by_policy(flat, [*names, "file", "row"], settings.keep)
+    files, rows = dropped.column("file").to_pylist(), dropped.column("row").to_numpy()
+    left_out: dict[str, list[int]] = {}
+    for path, row in zip(files, rows.tolist(), strict=True):
+        left_out.setdefault(path, []).append(row)
+    return {path: np.sort(np.array(r, np.int64)) for path, r in left_out.items()}, len(rows)
 
 
 def _gates(manifest: Manifest, planned: PlannedRead, result: RunResult, rows: int, name: str, frame_stage: str, log: Log, frame: DataFrame) -> None:
@@ -260,7 +304,13 @@ def _gates(manifest: Manifest, planned: PlannedRead, result: RunResult, rows: in
 
 
 def _produce(
-    jobs: BoundedJobs, settings: sql_task.SqlSettings, manifest: Manifest, sink_config: dict, reports: list[sql_task.SqlReport], log: Log
+    jobs: BoundedJobs,
+    settings: sql_task.SqlSettings,
+    manifest: Manifest,
+    sink_config: dict,
+    reports: list[sql_task.SqlReport],
+    left_out: dict[str, np.ndarray],
+    log: Log,
 ) -> list[dict]:
     producer = producer_settings(manifest, sink_config)
     groups = [[r.path] for r in reports if r.messages]
@@ -271,7 +321,7 @@ def _produce(
     log(f"load: {len(groups)} task(s) produce {sum(r.messages for r in reports)} message(s) to '{producer.topic}' (direct path)")
 
     def produce_rows(paths: list[str]) -> list[dict]:
-        return [row for batch in sql_task.produce(settings, bounded, paths) for row in batch.to_pylist()]
+        return [row for batch in sql_task.produce(settings, bounded, paths, left_out) for row in batch.to_pylist()]
 
     produced = jobs.in_tasks(groups, produce_rows, seconds, f"the produce of {len(groups)} kept file(s) to '{producer.topic}'")
     return [row for rows_of_task in produced for row in rows_of_task]
