@@ -6,6 +6,7 @@ watermark and loses nothing."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections import Counter
@@ -394,4 +395,46 @@ def test_python_workers_killed_while_the_sql_batch_is_produced(broker, spark, ka
         duplicated=duplicated,
         recovered=True,
         measured=f"{rows:,} rows; {len(killed)} worker(s) killed after {delivered_by_failed_run:,} had arrived; duplicates after rerun {duplicated:,}",
+    )
+
+
+@pytest.mark.faults
+def test_python_workers_killed_while_a_deduplicated_sql_batch_is_produced(broker, spark, kafka_env, db, tmp_path, fault_outcome):
+    """keep_last over customers who order twice, Python workers killed (SIGKILL) mid-produce: the
+    failed run delivered no row keep_last leaves out, stores no watermark; the rerun delivers the
+    later order of every customer (duplicates only among what the failed run delivered)."""
+    rows = 60_000
+    bs = broker.bootstrap_servers
+    create_orders(db, rows)
+    dst = unique_topic("sqld_dedupe_kill")
+    create_topic(bs, dst, 2)
+    m = parse_manifest(manifest_text(dst, tmp_path, "{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_last}"))
+    killed: list[int] = []
+    with pytest.raises(DponeError):
+        run_pipeline(m, spark, RunRequest(run_id="sqld-dkill", log=once_delivering(bs, dst, lambda: kill_python_workers(killed))))
+    assert killed, "no Python worker was found to kill"
+    assert stored_watermark(m) is None
+    assert not kept_directory_exists(spark, "sqld-dkill")
+
+    def order_ids() -> list[tuple[bytes, int]]:
+        return [(r["key"], json.loads(r["value"])["order_id"]) for r in consume_raw(bs, dst, timeout_s=60)]
+
+    failed_run = order_ids()
+    later = {f"c{i // 2}".encode(): i for i in range(1, rows + 1)}  # customer c<i/2>: its later order i
+    assert 0 < len(failed_run) < len(later)
+    assert all(later[key] == order for key, order in failed_run), "a row keep_last leaves out was produced"
+    rerun = run_pipeline(m, spark)
+    assert rerun.execution_path == "direct" and rerun.messages_produced == len(later) and rerun.duplicates_removed == rows - len(later)
+    seen = Counter(key for key, _ in order_ids())
+    lost = sum(1 for key in later if key not in seen)
+    duplicated = sum(n - 1 for n in seen.values())
+    assert lost == 0 and duplicated <= len(failed_run)
+    assert all(later[key] == order for key, order in order_ids())
+    fault_outcome(
+        "SQL source on the direct path, keep_last: Spark Python workers killed (SIGKILL) while the kept messages are produced",
+        "The failed run produced no row keep_last leaves out and stores no watermark; the rerun delivers the later row of every key",
+        lost=lost,
+        duplicated=duplicated,
+        recovered=True,
+        measured=f"{rows:,} rows, {len(later):,} keys; {len(failed_run):,} arrived before the kill; duplicates after rerun {duplicated:,}",
     )
