@@ -364,6 +364,22 @@ def test_broker_frozen_while_the_sql_batch_is_delivered(spark, db, monkeypatch, 
     )
 
 
+def run_killed_mid_produce(bs: str, spark: Any, db: dict[str, Any], tmp_path: Path, rows: int, strategy: str, run_id: str) -> tuple[Any, str, list[int]]:
+    """A run of `rows` orders whose Python workers are killed (SIGKILL) once the target holds some:
+    it fails, stores no watermark and leaves no kept file. (manifest, target, killed pids)"""
+    create_orders(db, rows)
+    dst = unique_topic(run_id.replace("-", "_"))
+    create_topic(bs, dst, 2)
+    m = parse_manifest(manifest_text(dst, tmp_path, strategy))
+    killed: list[int] = []
+    with pytest.raises(DponeError):
+        run_pipeline(m, spark, RunRequest(run_id=run_id, log=once_delivering(bs, dst, lambda: kill_python_workers(killed))))
+    assert killed, "no Python worker was found to kill"
+    assert stored_watermark(m) is None
+    assert not kept_directory_exists(spark, run_id)
+    return m, dst, killed
+
+
 @pytest.mark.faults
 def test_python_workers_killed_while_the_sql_batch_is_produced(broker, spark, kafka_env, db, tmp_path, fault_outcome):
     """The Python workers producing a SQL batch's kept messages are killed (SIGKILL) once the
@@ -372,16 +388,7 @@ def test_python_workers_killed_while_the_sql_batch_is_produced(broker, spark, ka
     run delivered)."""
     rows = 60_000
     bs = broker.bootstrap_servers
-    create_orders(db, rows)
-    dst = unique_topic("sqld_wkill")
-    create_topic(bs, dst, 2)
-    m = parse_manifest(manifest_text(dst, tmp_path, "{mode: incremental_merge, unique_key: order_id}"))
-    killed: list[int] = []
-    with pytest.raises(DponeError):
-        run_pipeline(m, spark, RunRequest(run_id="sqld-wkill", log=once_delivering(bs, dst, lambda: kill_python_workers(killed))))
-    assert killed, "no Python worker was found to kill"
-    assert stored_watermark(m) is None
-    assert not kept_directory_exists(spark, "sqld-wkill")
+    m, dst, killed = run_killed_mid_produce(bs, spark, db, tmp_path, rows, "{mode: incremental_merge, unique_key: order_id}", "sqld-wkill")
     delivered_by_failed_run = len(consume_raw(bs, dst, timeout_s=60))
     assert delivered_by_failed_run < rows
     rerun = run_pipeline(m, spark)
@@ -405,16 +412,8 @@ def test_python_workers_killed_while_a_deduplicated_sql_batch_is_produced(broker
     later order of every customer (duplicates only among what the failed run delivered)."""
     rows = 60_000
     bs = broker.bootstrap_servers
-    create_orders(db, rows)
-    dst = unique_topic("sqld_dedupe_kill")
-    create_topic(bs, dst, 2)
-    m = parse_manifest(manifest_text(dst, tmp_path, "{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_last}"))
-    killed: list[int] = []
-    with pytest.raises(DponeError):
-        run_pipeline(m, spark, RunRequest(run_id="sqld-dkill", log=once_delivering(bs, dst, lambda: kill_python_workers(killed))))
-    assert killed, "no Python worker was found to kill"
-    assert stored_watermark(m) is None
-    assert not kept_directory_exists(spark, "sqld-dkill")
+    strategy = "{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_last}"
+    m, dst, _ = run_killed_mid_produce(bs, spark, db, tmp_path, rows, strategy, "sqld-dkill")
 
     def order_ids() -> list[tuple[bytes, int]]:
         return [(r["key"], json.loads(r["value"])["order_id"]) for r in consume_raw(bs, dst, timeout_s=60)]
