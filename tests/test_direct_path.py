@@ -22,7 +22,7 @@ from confluent_kafka import Producer
 from conftest import consume_raw, create_topic, produce_json, unique_topic
 
 from dpone_dagster.direct import task
-from dpone_dagster.direct.keys import TaskHashes, candidates, key_hashes, left_out_by_policy
+from dpone_dagster.direct.keys import TaskHashes, candidates, in_sorted, key_hashes, left_out_by_policy
 from dpone_dagster.direct.progress import SliceProgress, SliceSchedule
 from dpone_dagster.engine.direct import _losers
 from dpone_dagster.engine.run import RunRequest, run_pipeline
@@ -698,6 +698,11 @@ def test_a_null_in_the_source_order_ranks_before_any_value():
     records = pa.table({"key": [b"k", b"k", b"k", b"j"], "w": [None, 5, 3, 1], "row": [0, 1, 2, 3]})
     assert left_out_by_policy(records, ["w", "row"], "keep_last")["row"].to_pylist() == [2, 0]
     assert left_out_by_policy(records, ["w", "row"], "keep_first")["row"].to_pylist() == [2, 1]
+    # NaN ranks above every number (and infinity), as in Spark; a null still below it.
+    doubles = pa.table({"key": [b"k"] * 4, "w": [float("inf"), float("nan"), 1.0, None], "row": [0, 1, 2, 3]})
+    assert sorted(left_out_by_policy(doubles, ["w", "row"], "keep_last")["row"].to_pylist()) == [0, 2, 3]
+    assert sorted(left_out_by_policy(doubles, ["w", "row"], "keep_first")["row"].to_pylist()) == [0, 1, 2]
+    assert in_sorted(np.array([1, 5, 7, 0, 9]), np.array([1, 7, 9])).tolist() == [True, False, True, False, True]
 
 
 def test_losers_follow_the_source_order():

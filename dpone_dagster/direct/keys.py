@@ -92,17 +92,32 @@ def candidates(tasks: Iterable[TaskHashes]) -> np.ndarray:
 def left_out_by_policy(records: pa.Table, order: list[str], policy: str) -> pa.Table:
     """keep_last / keep_first among `records` (a `key` column, then the source order's columns
     `order`, most significant first): every record but one per key, as the Spark SQL path's
-    window ranks them (kafka_messages.dedupe: a null orders before any value). Pure Arrow."""
+    window ranks them (kafka_messages.dedupe: a null orders before any value, NaN after every
+    number). Pure Arrow."""
     direction = "descending" if policy == "keep_last" else "ascending"
-    ranked = records.take(
-        pc.sort_indices(
-            records,
-            sort_keys=[("key", "ascending"), *[(name, direction) for name in order]],
-            null_placement="at_end" if policy == "keep_last" else "at_start",
-        )
-    )
+    nulls = "at_end" if policy == "keep_last" else "at_start"  # a null is the smallest value
+    columns, sort_keys = {"key": records.column("key")}, [("key", "ascending", nulls)]
+    for name in order:
+        column = records.column(name)
+        if pa.types.is_floating(column.type):  # NaN ranks above every number, as in Spark
+            nan = pc.is_nan(column)
+            columns[f"{name}.nan"] = nan
+            column = pc.if_else(nan, pa.scalar(0.0, column.type), column)
+            sort_keys.append((f"{name}.nan", direction, nulls))
+        columns[name] = column
+        sort_keys.append((name, direction, nulls))
+    ranked = records.take(pc.sort_indices(pa.table(columns), options=pc.SortOptions(sort_keys=sort_keys)))
     keys = ranked.column("key").combine_chunks()
     first = np.ones(len(keys), bool)
     if len(keys) > 1:
         first[1:] = pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1)).to_numpy(zero_copy_only=False)
     return ranked.filter(pa.array(~first))
+
+
+def in_sorted(values: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
+    """Which of `values` are in `sorted_values` (ascending): a binary search, where np.isin would
+    sort `sorted_values` again on every call."""
+    if not len(sorted_values):
+        return np.zeros(len(values), bool)
+    at = np.searchsorted(sorted_values, values)
+    return sorted_values[np.minimum(at, len(sorted_values) - 1)] == values

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from dpone_dagster import columns as C
-from dpone_dagster.direct.keys import TaskHashes, key_hashes
+from dpone_dagster.direct.keys import TaskHashes, in_sorted, key_hashes
 from dpone_dagster.direct.task import SpillWriter, outgoing, remove_file, run_directory, sweep_stale_spills
 from dpone_dagster.shape import headers as message_headers
 from dpone_dagster.shape import message
@@ -102,18 +102,18 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
     return SqlReport(path, rows, deletes, messages, keyless, oversized, refused, TaskHashes.of(hashes) if settings.hashed else None)
 
 
-def candidate_records(paths: list[str], candidates: np.ndarray) -> pa.Table | None:
-    """The kept messages of `paths` whose key hash is a candidate (direct/keys.py): their key,
-    file, row number in it and source order; what the driver settles repeated keys on."""
+def candidate_records(files: list[tuple[int, str]], candidates: np.ndarray) -> pa.Table | None:
+    """The kept messages of `files` (index, path) whose key hash is a candidate (direct/keys.py,
+    sorted): their key, file index, row number in it and source order; what the driver settles
+    repeated keys on."""
     found = []
-    for path in paths:
+    for index, path in files:
         for row, batch in _kept(path):
-            chosen = np.flatnonzero(np.isin(key_hashes(batch.column("key")), candidates))
+            chosen = np.flatnonzero(in_sorted(key_hashes(batch.column("key")), candidates))
             if len(chosen):
                 picked = batch.take(pa.array(chosen))
-                found.append(
-                    pa.table({"key": picked.column("key"), "file": pa.array([path] * len(chosen)), "row": pa.array(chosen + row, pa.int64()), ORDER: picked.column(ORDER)})
-                )
+                n = len(chosen)
+                found.append(pa.table({"key": picked.column("key"), "file": pa.array(np.full(n, index, np.int32)), "row": pa.array(chosen + row, pa.int64()), ORDER: picked.column(ORDER)}))
     return pa.concat_tables(found) if found else None
 
 
@@ -127,7 +127,7 @@ def produce(settings: SqlSettings, producer: ProducerSettings, paths: list[str],
             dropped = (left_out or {}).get(path)
             for row, batch in _kept(path):
                 if dropped is not None and len(dropped):
-                    batch = batch.filter(pa.array(~np.isin(np.arange(row, row + batch.num_rows), dropped)))
+                    batch = batch.filter(pa.array(~in_sorted(np.arange(row, row + batch.num_rows), dropped)))
                 if not batch.num_rows:
                     continue
                 listed = None

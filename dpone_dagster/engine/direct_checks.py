@@ -6,8 +6,9 @@ quality/gates.py judges them, as on the Spark SQL path, on the batch's decoded r
 DataFrame, with the columns that path's decoder gives. The frame exists only while a stage that
 needs it is judged, before anything is produced: a Kafka batch is read again by tasks
 (direct/rows.py; the offsets are fixed, so the rows are the ones the scan shaped) and kept for
-the checks' jobs, read under the scan's time bound; a SQL batch is the JDBC read itself, kept
-before the scan so that the checks and the messages come from the same rows."""
+the checks' jobs, read under the scan's time bound; a SQL batch is the read itself (JDBC, or a
+bcp / pyodbc export), kept before the scan so that the checks and the messages come from the
+same rows."""
 
 from __future__ import annotations
 

@@ -67,6 +67,9 @@ STRATEGIES = ("incremental_append", "incremental_merge", "full_refresh", "replac
 READ_WAIT_S = 600.0
 # Rows with a unique key whose hashes (8 bytes each) the driver collects to find repeated keys.
 MAX_HASHED_ROWS = 20_000_000
+# Keys that may repeat whose rows (key, file, row, order) the driver ranks: more go to the Spark
+# SQL path, as on the Kafka direct path.
+MAX_CANDIDATES = 1_000_000
 
 
 def refusal(manifest: Manifest, planned: PlannedRead, spark: SparkSession) -> str | None:
@@ -277,9 +280,11 @@ def _settle_repeated_keys(
         return {}, 0
     if settings.keep is None:
         raise ToSparkSql("keys that may repeat in the batch")
-    groups = [[r.path] for r in reports if r.messages]
-    seconds = deadline_s(max(r.messages for r in reports), KEPT_CLEANUP_S, waves(len(groups), local_task_slots(jobs.spark) or 1))
-    picked = jobs.in_tasks(groups, lambda paths: sql_task.candidate_records(paths, found), seconds, "the read of repeated keys")
+    if len(found) > MAX_CANDIDATES:
+        raise ToSparkSql(f"more than {MAX_CANDIDATES:,} keys may repeat (their rows would come to the driver)")
+    files = [(i, r.path) for i, r in enumerate(reports) if r.messages]
+    seconds = deadline_s(max(r.messages for r in reports), KEPT_CLEANUP_S, waves(len(files), local_task_slots(jobs.spark) or 1))
+    picked = jobs.in_tasks([[f] for f in files], lambda group: sql_task.candidate_records(group, found), seconds, "the read of repeated keys")
     tables = [t for t in picked if t is not None]
     if not tables:
         return {}, 0
@@ -287,14 +292,12 @@ def _settle_repeated_keys(
     order = records.column(sql_task.ORDER).combine_chunks()
     names = [f"o{i}" for i in range(order.type.num_fields)]
     flat = pa.table([records.column("key"), *order.flatten(), records.column("file"), records.column("row")], names=["key", *names, "file", "row"])
-    # Rows whose source order ties are ranked in the order of their files and rows (the Spark
-    # SQL path's window picks any one of them).
+    # Rows whose source order ties are ranked by file and row (the Spark SQL path's window picks
+    # any one of them).
     dropped = left_out_by_policy(flat, [*names, "file", "row"], settings.keep)
-    files, rows = dropped.column("file").to_pylist(), dropped.column("row").to_numpy()
-    left_out: dict[str, list[int]] = {}
-    for path, row in zip(files, rows.tolist(), strict=True):
-        left_out.setdefault(path, []).append(row)
-    return {path: np.sort(np.array(r, np.int64)) for path, r in left_out.items()}, len(rows)
+    files_of, rows = dropped.column("file").to_numpy(), dropped.column("row").to_numpy()
+    left_out = {reports[int(i)].path: np.sort(rows[files_of == i]) for i in np.unique(files_of)}
+    return left_out, len(rows)
 
 
 def _gates(manifest: Manifest, planned: PlannedRead, result: RunResult, rows: int, name: str, frame_stage: str, log: Log, frame: DataFrame) -> None:
@@ -318,7 +321,8 @@ def _produce(
     largest = max(r.messages for r in reports)
     seconds = deadline_s(largest, producer.flush_timeout_s, waves(len(groups), slots))
     bounded = producer.bounded(seconds)
-    log(f"load: {len(groups)} task(s) produce {sum(r.messages for r in reports)} message(s) to '{producer.topic}' (direct path)")
+    messages = sum(r.messages for r in reports) - sum(len(rows) for rows in left_out.values())
+    log(f"load: {len(groups)} task(s) produce {messages} message(s) to '{producer.topic}' (direct path)")
 
     def produce_rows(paths: list[str]) -> list[dict]:
         return [row for batch in sql_task.produce(settings, bounded, paths, left_out) for row in batch.to_pylist()]
