@@ -64,6 +64,7 @@ sink:
   strategy: {strategy}
   options: {options}
 state: {{type: local, path: "{state}"}}
+{quality}
 """
 
 APPEND = "{mode: incremental_append, unique_key: order_id}"
@@ -71,6 +72,7 @@ MERGE = "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_
 ROUTES: dict[str, tuple[str, str]] = {  # route -> (strategy, sink options)
     "json_append": (APPEND, "{}"),
     "json_merge": (MERGE, "{}"),
+    "json_merge_expectations": (MERGE, "{}"),  # json_merge with the checks of QUALITY
     "json_envelope_headers": (APPEND, "{envelope: dpone, headers: {static: {team: dwh}, lineage: true}}"),
     "avro": (APPEND, "{message_format: avro, schema_registry: {enabled: true}}"),
     "json_schema": (APPEND, "{message_format: json_schema, schema_registry: {enabled: true}}"),
@@ -79,6 +81,13 @@ ROUTES: dict[str, tuple[str, str]] = {  # route -> (strategy, sink options)
     "postgres_json": (MERGE, "{}"),  # bench/sql2k.py's manifest and loop
 }
 SQL_ROUTES = ("postgres_json",)
+# Checks the tasks do not measure: Spark SQL judges them on the batch read again (engine/direct_checks.py).
+QUALITY = {
+    "json_merge_expectations": (
+        "quality: {mode: warn, checks: [{type: unique, columns: [customer_id]}, {type: great_expectations, "
+        "expectation_type: expect_column_values_to_be_between, kwargs: {column: amount, min_value: 0, max_value: 5000}}]}"
+    ),
+}
 # Routes that read the events framed by the registry instead of as JSON (a copy of the source topic).
 SOURCE_FORMATS = {"avro_source_to_json": "avro"}
 
@@ -95,7 +104,7 @@ def hand_encoder(route: str, src: str, dst: str, registry_url: str) -> Encode:
             event = reader(io.BytesIO(raw[5:]), parsed)
             return dumps(event).encode(), str(event["order_id"]).encode(), None
         return from_avro
-    if route in ("json_append", "json_merge"):
+    if route in ("json_append", "json_merge", "json_merge_expectations"):
         return lambda raw: (dumps(event := loads(raw)).encode(), str(event["order_id"]).encode(), None)
     if route == "json_envelope_headers":
         def envelope(raw: bytes) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
@@ -253,7 +262,7 @@ def engine_run(spark: Any, route: str, bootstrap: str, src: str, dst: str, regis
     with tempfile.TemporaryDirectory(prefix="dpone-bench-route-") as state:
         text = MANIFEST.format(
             route=route, bootstrap=bootstrap, registry=registry_url, src=src, dst=dst, group=uuid.uuid4().hex[:8],
-            strategy=strategy, options=options, state=state,
+            strategy=strategy, options=options, state=state, quality=QUALITY.get(route, ""),
             source_options=f", message_format: {SOURCE_FORMATS[route]}, schema_registry: {{enabled: true}}" if route in SOURCE_FORMATS else "",
         )
         started = time.perf_counter()
