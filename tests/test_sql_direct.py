@@ -420,7 +420,7 @@ def test_python_workers_killed_while_a_deduplicated_sql_batch_is_produced(broker
 
     failed_run = order_ids()
     later = {f"c{i // 2}".encode(): i for i in range(1, rows + 1)}  # customer c<i/2>: its later order i
-    assert 0 < len(failed_run) < len(later)
+    assert 0 < len(failed_run) <= len(later)  # the kill may come after the last delivery, before the run ends
     assert all(later[key] == order for key, order in failed_run), "a row keep_last leaves out was produced"
     rerun = run_pipeline(m, spark)
     assert rerun.execution_path == "direct" and rerun.messages_produced == len(later) and rerun.duplicates_removed == rows - len(later)
