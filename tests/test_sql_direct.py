@@ -410,7 +410,7 @@ def test_python_workers_killed_while_a_deduplicated_sql_batch_is_produced(broker
     """keep_last over customers who order twice, Python workers killed (SIGKILL) mid-produce: the
     failed run delivered no row keep_last leaves out, stores no watermark; the rerun delivers the
     later order of every customer (duplicates only among what the failed run delivered)."""
-    rows = 60_000
+    rows = 120_000  # 60,001 messages: as many as the append fault above produces, so the kill lands mid-produce
     bs = broker.bootstrap_servers
     strategy = "{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_last}"
     m, dst, _ = run_killed_mid_produce(bs, spark, db, tmp_path, rows, strategy, "sqld-dkill")
