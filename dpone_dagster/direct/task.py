@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from dpone_dagster.direct.keys import TaskHashes, key_hashes
+from dpone_dagster.direct.keys import TaskHashes, in_sorted, key_hashes
 from dpone_dagster.direct.progress import Slice
 from dpone_dagster.formats import registry_source
 from dpone_dagster.quality import arrow_checks
@@ -370,13 +370,13 @@ def _key_lengths(messages: pa.RecordBatch) -> pa.Array:
 
 
 def candidate_records(settings: DirectSettings, slices: list[Slice], candidates: np.ndarray, set_aside: dict[int, np.ndarray]) -> pa.Table:
-    """The messages of `slices` whose key hash is a candidate (direct/keys.py), with their slice's
+    """The messages of `slices` whose key hash is a candidate (direct/keys.py, sorted), with their slice's
     partition: what the driver needs to settle them on the keys themselves. `set_aside`: the
     source offsets the scan set aside, per partition."""
     found = []
     for piece in slices:
         for messages in _messages(settings, piece, set_aside.get(piece[1])):
-            chosen = np.isin(key_hashes(messages.column("key")), candidates)
+            chosen = in_sorted(key_hashes(messages.column("key")), candidates)
             if chosen.any():
                 picked = messages.filter(pa.array(chosen)).select(["key", "offset", "timestamp"])
                 found.append(picked.append_column("partition", pa.repeat(pa.scalar(piece[1], pa.int32()), picked.num_rows)))
@@ -387,8 +387,8 @@ def candidate_records(settings: DirectSettings, slices: list[Slice], candidates:
 def produce(
     settings: DirectSettings, producer: ProducerSettings, slices: list[Slice], skip: dict[int, np.ndarray]
 ) -> Iterator[pa.RecordBatch]:
-    """Produce the messages of `slices` except the source offsets in `skip` (per partition: those
-    left out, and those the scan set aside); yields the delivery statistics rows of sinks/kafka.py.
+    """Produce the messages of `slices` except the source offsets in `skip` (per partition, sorted:
+    those left out, and those the scan set aside); yields the delivery statistics rows of sinks/kafka.py.
     Spill files are removed once produced."""
 
     prefix = settings.value_prefix
@@ -398,7 +398,7 @@ def produce(
             dropped = skip.get(piece[1])
             for batch in _messages(settings, piece, dropped):
                 if dropped is not None and len(dropped):
-                    batch = batch.filter(pa.array(~np.isin(batch.column("offset").to_numpy(), dropped)))
+                    batch = batch.filter(pa.array(~in_sorted(batch.column("offset").to_numpy(), dropped)))
                 if not batch.num_rows:
                     continue
                 listed = None
@@ -471,11 +471,11 @@ def sweep_stale_spills(run_id: str, now: float | None = None) -> int:
 
 def records(settings: DirectSettings, piece: Slice, left_out: np.ndarray | None) -> Iterator[pa.RecordBatch]:
     """The raw records of one slice read again, as the scan took them (late records held back),
-    without the source offsets `left_out`."""
+    without the source offsets `left_out` (sorted)."""
     for raw in read_one_range(settings.reader, *piece):
         raw = screen_late(settings, piece[1], raw)[0]
         if left_out is not None and len(left_out):
-            raw = raw.filter(pa.array(~np.isin(raw.column("offset").to_numpy(), left_out)))
+            raw = raw.filter(pa.array(~in_sorted(raw.column("offset").to_numpy(), left_out)))
         if raw.num_rows:
             yield raw
 
