@@ -5,6 +5,7 @@ as published."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -261,11 +262,26 @@ SPARK_CHECKS = """  mode: warn
 """
 
 
-def test_checks_spark_sql_judges_run_on_the_direct_path(broker, spark, kafka_env, tmp_path, monkeypatch):
+@pytest.mark.parametrize("rows", ["kept by the scan", "read again"])
+def test_checks_spark_sql_judges_run_on_the_direct_path(broker, spark, kafka_env, tmp_path, monkeypatch, rows):
     """Great Expectations, `unique` off the message key and a check the tasks do not measure are
-    judged by Spark SQL on the decoded rows, read again for them: the Spark SQL path's results,
-    records keep_last and the bad-record policy leave out taken out of the rows as published, and
-    the run still takes the direct path."""
+    judged by Spark SQL on the decoded rows: the Spark SQL path's results, records keep_last and
+    the bad-record policy leave out taken out of the rows as published, and the run still takes
+    the direct path. The rows come from the files the scan kept them in — the checks' tasks are
+    given a broker that does not answer, so a second read of the topic would find nothing and
+    send the batch to the Spark SQL path — or, where a task finds no file, read again."""
+    from dpone_dagster.engine import direct_checks
+
+    if rows == "read again":
+        monkeypatch.setattr(direct_checks, "keeps_rows", lambda *_: False)
+    else:
+        real = direct_checks.kafka_rows
+
+        def without_the_broker(spark: Any, jobs: Any, settings: Any, *args: Any) -> Any:
+            config = {**settings.reader.client_config, "bootstrap.servers": "127.0.0.1:9"}
+            return real(spark, jobs, replace(settings, reader=replace(settings.reader, client_config=config)), *args)
+
+        monkeypatch.setattr(direct_checks, "kafka_rows", without_the_broker)
     bs = broker.bootstrap_servers
     src = unique_topic("csrc")
     create_topic(bs, src, 2)

@@ -9,6 +9,7 @@ that slice again: the offsets are fixed, so the messages are the same.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -24,6 +25,7 @@ import pyarrow.ipc as ipc
 
 from dpone_dagster.direct.keys import TaskHashes, in_sorted, key_hashes
 from dpone_dagster.direct.progress import Slice
+from dpone_dagster.direct.row_form import as_rows, rows_schema
 from dpone_dagster.formats import registry_source
 from dpone_dagster.quality import arrow_checks
 from dpone_dagster.quality.arrow_checks import RowCheck, Tally
@@ -84,6 +86,9 @@ class DirectSettings:
     # JSON (flat or dpone envelopes): records the task decoder does not read are set aside for the
     # driver to judge with Spark's own decoder (bad records follow source.options.on_error).
     screen_undecodable: bool = False
+    # Checks Spark SQL judges are declared: the scan keeps each slice's decoded rows for them
+    # (direct/rows.py), in a file beside its messages.
+    keep_rows: bool = False
 
     @property
     def message_rule(self) -> message.MessageRule:
@@ -126,13 +131,17 @@ SET_ASIDE_BYTES = 64 << 20  # ... and at most this many bytes of them
 RAW_NAMES = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
 
 
-def shape(settings: DirectSettings, raw: pa.RecordBatch, partition: int = 0, tally: Tally | None = None) -> tuple[pa.RecordBatch, int, pa.Array]:
+def shape(
+    settings: DirectSettings, raw: pa.RecordBatch, partition: int = 0, tally: Tally | None = None, rows: SpillWriter | None = None
+) -> tuple[pa.RecordBatch, int, pa.Array]:
     """The sink's messages of one batch of raw records of `partition` — key, value (JSON as Spark
     writes it, a registry format, or null for a tombstone), the source offset and timestamp — how
     many of the records are deletes, and the offsets of upserts without their unique key (left
-    out of the messages); the decoded rows are measured into `tally` when given. Raises Refused
-    for what only the Spark SQL path handles."""
+    out of the messages); the decoded rows are measured into `tally` and written to `rows` when
+    given. Raises Refused for what only the Spark SQL path handles."""
     raw, columns, is_delete = decoded(settings, raw)
+    if rows is not None:
+        rows.write(as_rows(rows_schema(settings.schema), raw, columns, is_delete))
     deletes = int(pc.sum(is_delete).as_py() or 0)
     if tally is not None:
         skipped = is_delete if settings.deletes == "skip" else None
@@ -203,13 +212,13 @@ def rows_at(settings: DirectSettings, topic: str, partition: int, offset: int) -
 
 
 def _kept_messages(
-    settings: DirectSettings, partition: int, raw: pa.RecordBatch, tally: Tally | None = None
+    settings: DirectSettings, partition: int, raw: pa.RecordBatch, tally: Tally | None = None, rows: SpillWriter | None = None
 ) -> tuple[pa.RecordBatch, int, pa.Array, pa.RecordBatch | None]:
     """`shape`, with bad records set aside (SET_ASIDE): the messages, the deletes, the messages'
     sizes, and the raw records set aside (None when there are none)."""
     aside = []
     try:
-        messages, deletes, keyless = shape(settings, raw, partition, tally)
+        messages, deletes, keyless = shape(settings, raw, partition, tally, rows)
     except Undecodable:
         if not settings.screen_undecodable:
             raise
@@ -218,7 +227,7 @@ def _kept_messages(
             raise Refused("a batch the task decoder reads record by record but not whole") from None
         aside.append(_aside(raw, bad, "undecodable"))
         raw = raw.filter(pc.invert(bad))
-        messages, deletes, keyless = shape(settings, raw, partition, tally)
+        messages, deletes, keyless = shape(settings, raw, partition, tally, rows)
     if len(keyless):
         aside.append(_aside(raw, pc.is_in(raw.column("offset"), value_set=keyless), "keyless"))
     lengths = _lengths(settings, partition, messages)
@@ -297,14 +306,15 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
     try:
         for piece in slices:
             kept.append((piece, 0))
-            with SpillWriter(spill_path(settings, piece)) as spill:
+            rows_file = SpillWriter(rows_path(settings, piece), rows_schema(settings.schema)) if settings.keep_rows else None
+            with SpillWriter(spill_path(settings, piece)) as spill, rows_file or contextlib.nullcontext():
                 for raw in read_one_range(settings.reader, *piece):
                     raw, found_late = screen_late(settings, piece[1], raw)
                     for index, n in found_late.items():
                         late[index] = late.get(index, 0) + n
                     if settings.registry_source is not None:
                         ids |= registry_source.schema_ids(raw.column("value"))
-                    messages, found, lengths, aside = _kept_messages(settings, piece[1], raw, tally)
+                    messages, found, lengths, aside = _kept_messages(settings, piece[1], raw, tally, rows_file)
                     deletes += found
                     if aside is not None:
                         set_aside.append(aside)
@@ -430,6 +440,7 @@ def remove_spills(settings: DirectSettings, slices: list[Slice]) -> None:
     (the last task of the run on this executor removes it)."""
     for piece in slices:
         remove_file(spill_path(settings, piece))
+        remove_file(rows_path(settings, piece))
     directory = run_directory(settings.run_id)
     try:  # what a worker killed mid-write left (the run writes nothing more once it removes)
         for name in os.listdir(directory):
@@ -507,6 +518,11 @@ def spill_path(settings: DirectSettings, piece: Slice) -> str:
     return os.path.join(run_directory(settings.run_id), f"{topic}-{partition}-{start}-{end}.arrow")
 
 
+def rows_path(settings: DirectSettings, piece: Slice) -> str:
+    """Where a slice's decoded rows are kept for the checks Spark SQL judges (direct/rows.py)."""
+    return spill_path(settings, piece).removesuffix(".arrow") + ".rows.arrow"
+
+
 def run_directory(run_id: str) -> str:
     """The run's directory of kept messages on this host (both direct paths)."""
     return os.path.join(spill_root(), f"{SPILL_PREFIX}{run_id}")
@@ -520,8 +536,9 @@ class SpillWriter:
     """An Arrow IPC file written under a temporary name and renamed when complete, so a produce
     task never reads a half-written slice (a scan task killed mid-way leaves no file behind)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, schema: pa.Schema = MESSAGE_SCHEMA) -> None:
         self.path = path
+        self.schema = schema  # of an empty file
         self._partial = f"{path}.{os.getpid()}.partial"
         self._writer: ipc.RecordBatchFileWriter | None = None
 
@@ -537,7 +554,7 @@ class SpillWriter:
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         if self._writer is None:
             if kind is None:  # an empty slice: an empty file says it was read
-                ipc.new_file(self._partial, MESSAGE_SCHEMA).close()
+                ipc.new_file(self._partial, self.schema).close()
                 os.replace(self._partial, self.path)
             return
         self._writer.close()

@@ -23,8 +23,8 @@ does the same work in the Python tasks, in the same order of guarantees:
 3. gates: min_rows on the counts, and not_null, accepted_values, freshness and unique (on the
    unique key) on what the scan measured of the decoded rows (quality/arrow_checks.py); the
    other checks (Great Expectations, other `unique` checks, what a tally cannot settle) on the
-   decoded rows as a Spark DataFrame read again for them (engine/direct_checks.py); before
-   anything is produced.
+   decoded rows as a Spark DataFrame, from the files the scan kept them in (engine/direct_checks.py);
+   before anything is produced.
 4. produce (engine/direct_load.py, direct/task.py): the tasks produce their kept messages, the
    offsets stored as slices are delivered where that keeps the guarantees; the delivery reports go
    to the load and reconciliation stages as on the other path.
@@ -399,6 +399,7 @@ def _settings(
             row_checks=row_checks,
             hold_back_late=isinstance(planned.source, LateRecordScreen) and planned.source.policy == "dead_letter",
             screen_undecodable=registry is None,
+            keep_rows=direct_checks.keeps_rows(manifest.quality.checks, row_checks),
         ),
         prepared,
         None,

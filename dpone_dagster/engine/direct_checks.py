@@ -4,8 +4,8 @@ type whose comparison may differ, more offending rows than a task keeps; quality
 
 quality/gates.py judges them, as on the Spark SQL path, on the batch's decoded rows as a Spark
 DataFrame, with the columns that path's decoder gives. The frame exists only while a stage that
-needs it is judged, before anything is produced: a Kafka batch is read again by tasks
-(direct/rows.py; the offsets are fixed, so the rows are the ones the scan shaped) and kept for
+needs it is judged, before anything is produced: a Kafka batch's rows come from the files the
+scan kept them in (or are read again where a task finds none: direct/rows.py) and are kept for
 the checks' jobs, read under the scan's time bound; a SQL batch is the read itself (JDBC, or a
 bcp / pyodbc export), kept before the scan so that the checks and the messages come from the
 same rows."""
@@ -20,7 +20,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from dpone_dagster.direct import rows, task
+from dpone_dagster.direct.row_form import rows_schema
 from dpone_dagster.engine.direct_attempt import ToSparkSql
+from dpone_dagster.quality.arrow_checks import RowCheck
 from dpone_dagster.quality.gates import PRE_PUBLISH_TYPES, Measured, check_stage
 from dpone_dagster.spark.jobs import BoundedJobs
 from dpone_dagster.spark.keep import keep_batch, release_batch
@@ -31,6 +33,13 @@ ROW_LEVEL = tuple(t for t in PRE_PUBLISH_TYPES if t != "min_rows")
 def row_level(checks: Sequence[Any]) -> bool:
     """Whether any check judges rows (min_rows and source_target_count count them only)."""
     return any(c.type in ROW_LEVEL for c in checks)
+
+
+def keeps_rows(checks: Sequence[Any], measured_in_tasks: Sequence[RowCheck]) -> bool:
+    """Whether the scan keeps the decoded rows (direct/rows.py): a row-level check is declared that
+    the tasks do not measure (one they find they cannot settle reads the slices again)."""
+    measured = {c.index for c in measured_in_tasks}
+    return any(c.type in ROW_LEVEL and i not in measured for i, c in enumerate(checks))
 
 
 def left_to_spark(checks: Sequence[Any], stage: str, measured: Measured) -> bool:
@@ -53,7 +62,7 @@ def kafka_rows(
     Read again, the batch must hold the `expected` rows the scan counted: a topic compacted or
     truncated since holds fewer, and the batch goes to the Spark SQL path (ToSparkSql), which
     reads it once for both its checks and its messages."""
-    schema = from_arrow_schema(rows.rows_schema(settings.schema))
+    schema = from_arrow_schema(rows_schema(settings.schema))
 
     def read(batches: Any) -> Any:
         for batch in batches:
