@@ -105,6 +105,7 @@ class Route:
     source_options: str = "{}"
     registry: bool = False
     dead_letters: bool = False
+    path: str = "direct"  # the path the run takes
 
 
 ROUTES = [
@@ -126,6 +127,11 @@ ROUTES = [
           sink_options="{envelope: dpone, deletes: {enabled: true, tombstone: false}}", source_options="{envelope: dpone}"),
     Route("json_bad_records_to_dead_letters", bad_records_source,
           source_options="{on_error: dead_letter, dead_letter: {topic: DLQ, create: true}}", dead_letters=True),
+    Route("json_full_refresh_envelope", lambda: orders_source(160, repeat_every=45),
+          strategy="{mode: full_refresh, unique_key: order_id, duplicate_policy: keep_last}", sink_options="{envelope: dpone}", path="spark_sql"),
+    Route("json_replace_window_keep_first", lambda: orders_source(160, repeat_every=45),
+          strategy="{mode: replace, unique_key: order_id, duplicate_policy: keep_first}",
+          source_options="{start_timestamp: '2026-01-01T00:00:30Z', end_timestamp: '2026-01-01T00:02:00Z'}", path="spark_sql"),
     Route("avro_registry", orders_source, registry=True,
           sink_options="{message_format: avro, schema_registry: {enabled: true}}"),
     Route("json_schema_registry", orders_source, registry=True,
@@ -200,6 +206,7 @@ def test_route_writes_its_golden_output(broker, spark, kafka_env, tmp_path, monk
     text = manifest_text(route, src, dst, tmp_path / "state").replace("DLQ", dlq)
     result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id=f"golden-{route.name}"))
     assert result.status == "success"
+    assert WRITE or result.execution_path == route.path, result.notes
     got = {"target": observed(bs, dst)}
     if route.dead_letters:
         got["dead_letters"] = observed(bs, dlq)
