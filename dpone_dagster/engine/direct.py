@@ -75,6 +75,7 @@ from dpone_dagster.shape import message
 from dpone_dagster.shape.envelope import envelope_parts
 from dpone_dagster.shape.headers import HeaderSpec
 from dpone_dagster.sinks.dead_letters import DeadLetters
+from dpone_dagster.sinks.kafka_messages import uses_dedupe
 from dpone_dagster.sinks.registry import PreparedSchema
 from dpone_dagster.sources.kafka import KafkaBatchSource
 from dpone_dagster.sources.kafka_reader import RAW_SCHEMA
@@ -92,7 +93,7 @@ MAX_CANDIDATES = 1_000_000
 # What a read task may wait on the broker beyond its records (the reader's empty polls, a
 # consumer's connection set-up): the scan's part of a job bound (spark/jobs.py).
 READ_WAIT_S = 60.0
-STRATEGIES = ("incremental_append", "incremental_merge")
+STRATEGIES = ("incremental_append", "incremental_merge", "full_refresh", "replace")
 
 
 def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
@@ -480,7 +481,7 @@ def _settle_repeated_keys(
     if not repeated.num_rows:
         return {}, 0  # hashes shared by different keys only
     policy = manifest.sink.strategy.duplicate_policy
-    if manifest.sink.strategy.mode != "incremental_merge" or policy not in ("keep_last", "keep_first"):
+    if not uses_dedupe(manifest.sink):
         raise ToSparkSql(f"{repeated.num_rows} key(s) repeat in the batch (strategy {manifest.sink.strategy.mode}, duplicate_policy {policy})")
     return _losers(records.filter(pc.is_in(records["key"], repeated["key"])), policy)
 
