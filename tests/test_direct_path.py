@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from confluent_kafka import Producer
 from conftest import consume_raw, create_topic, produce_json, unique_topic
@@ -24,7 +25,7 @@ from conftest import consume_raw, create_topic, produce_json, unique_topic
 from dpone_dagster.direct import task
 from dpone_dagster.direct.keys import TaskHashes, candidates, in_sorted, key_hashes, left_out_by_policy
 from dpone_dagster.direct.progress import SliceProgress, SliceSchedule
-from dpone_dagster.engine.direct import _losers
+from dpone_dagster.engine.direct_keys import losers
 from dpone_dagster.engine.run import RunRequest, run_pipeline
 from dpone_dagster.errors import ConfigError, DataRefused, RunFailed
 from dpone_dagster.manifest import parse_manifest
@@ -716,11 +717,37 @@ def test_losers_follow_the_source_order():
         schema=pa.schema([("key", pa.binary()), ("offset", pa.int64()), ("timestamp", pa.int64()), ("partition", pa.int32())]),
     )
     # keep_last: k -> (10, 1, 1) beats (10, 0, 3) and (9, 1, 2); j -> (5, 2, 0) beats (5, 0, 1).
-    skip, dropped = _losers(records, "keep_last")
+    skip, dropped = losers(records, "keep_last")
     assert dropped == 3
     assert {p: o.tolist() for p, o in skip.items()} == {0: [1, 3], 1: [2]}
-    skip, dropped = _losers(records, "keep_first")
+    skip, dropped = losers(records, "keep_first")
     assert {p: o.tolist() for p, o in skip.items()} == {0: [3], 1: [1], 2: [0]}
+
+
+def test_spark_ranks_repeated_keys_as_the_driver_does(spark):
+    """engine/direct_keys: the Spark window past the driver's limit leaves out the records the
+    driver's ranking leaves out (ties on the timestamp broken by partition, then offset)."""
+    from dpone_dagster.engine.direct_keys import CANDIDATE_SCHEMA, ranked_losers
+
+    rng = np.random.default_rng(11)
+    n = 3000
+    schema = pa.schema([("key", pa.binary()), ("offset", pa.int64()), ("timestamp", pa.int64()), ("partition", pa.int32())])
+    records = pa.table(
+        {
+            "key": [f"k{i}".encode() for i in rng.integers(0, 400, n)],
+            "offset": rng.permutation(n),
+            "timestamp": rng.integers(0, 20, n),
+            "partition": rng.integers(0, 3, n).astype(np.int32),
+        },
+        schema=schema,
+    )
+    frame = spark.createDataFrame(records.to_pandas(), CANDIDATE_SCHEMA)
+    for policy in ("keep_last", "keep_first"):
+        expected, dropped = losers(records, policy)
+        got = ranked_losers(frame, policy).toArrow()
+        assert got.num_rows == dropped > 0
+        ranked = {int(p): sorted(got.filter(pc.equal(got["partition"], p))["offset"].to_pylist()) for p in set(got["partition"].to_pylist())}
+        assert ranked == {p: o.tolist() for p, o in expected.items()}
 
 
 def test_a_partition_is_stored_up_to_its_first_undelivered_slice():

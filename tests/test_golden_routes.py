@@ -213,6 +213,36 @@ def test_route_writes_its_golden_output(broker, spark, kafka_env, tmp_path, monk
     check_golden(route.name, got)
 
 
+DEDUPLICATED = [r for r in ROUTES if "keep_" in r.strategy]
+
+
+@pytest.mark.parametrize("route", DEDUPLICATED, ids=[r.name for r in DEDUPLICATED])
+def test_repeated_keys_ranked_by_spark_write_the_same_output(broker, spark, kafka_env, tmp_path, monkeypatch, route):
+    """keep_last / keep_first past the driver's limit of candidate keys: a Spark window ranks the
+    records of repeated keys (engine/direct_keys.py). Same input, same run id: the messages are
+    those of the driver's ranking (which the golden output above fixes), byte for byte."""
+    from dpone_dagster.engine import direct_keys
+
+    bs = broker.bootstrap_servers
+    src = f"golden_{route.name}_ranked"
+    route.source().produce(bs, src)
+    real, ranked = direct_keys.ranked_losers, []
+    monkeypatch.setattr(direct_keys, "ranked_losers", lambda *args: ranked.append(args) or real(*args))
+    out = {}
+    for ranking, limit in (("driver", direct_keys.DRIVER_CANDIDATES), ("spark", 0)):
+        monkeypatch.setattr(direct_keys, "DRIVER_CANDIDATES", limit)
+        if route.registry:  # a registry of its own: the schema's id is the same in both outputs
+            monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", f"mock://golden-{uuid.uuid4().hex[:8]}")
+        dst = f"{src}_{ranking}"
+        create_topic(bs, dst, 2)
+        text = manifest_text(route, src, dst, tmp_path / ranking)
+        result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id=f"golden-{route.name}"))
+        assert result.execution_path == "direct" and result.duplicates_removed > 0, result.notes
+        out[ranking] = (observed(bs, dst), result.duplicates_removed)
+    assert len(ranked) == 1  # the second run only
+    assert out["spark"] == out["driver"]
+
+
 def test_postgres_to_kafka_writes_its_golden_output(broker, spark, kafka_env, tmp_path, monkeypatch):
     """Seed 002's route on PostgreSQL: a table of typed rows (decimals, timestamps, dates, text,
     binary, nulls) to JSON messages keyed by order_id."""

@@ -354,6 +354,44 @@ def test_full_refresh_rereads_the_whole_topic(broker, spark, kafka_env, topics, 
     assert {int(r["key"]): r["value"]["v"] for r in consume_all(bs, dst)} == {k: 15 + k for k in range(5)}
 
 
+def test_full_refresh_stores_its_offsets_once_at_the_commit(broker, spark, kafka_env, topics, tmp_path, monkeypatch):
+    """A full_refresh rerun reads the whole topic whatever is stored, so storing offsets slice by
+    slice bounds nothing: the direct path stores them once, with the run (an incremental run over
+    the same slices stores them as they are delivered)."""
+    from dpone_dagster.engine.offsets import OffsetStorage
+
+    src, dst = topics
+    bs = broker.bootstrap_servers
+    for p in range(3):
+        produce_json(bs, src, [{"order_id": p * 1000 + i} for i in range(300)], partition=p)
+    real, stored = OffsetStorage.advance, []
+    monkeypatch.setattr(OffsetStorage, "advance", lambda self, record, offsets: stored.append(dict(offsets)) or real(self, record, offsets))
+    source = "    records_per_task: 50"
+    outcomes = {}
+    for mode in ("full_refresh", "incremental_merge"):
+        stored.clear()
+        sink = f"  strategy: {{mode: {mode}, unique_key: order_id}}"
+        result = run_pipeline(parse_manifest(manifest_text(src, dst, tmp_path / mode, sink, source)), spark)
+        assert result.execution_path == "direct" and result.messages_produced == 900
+        outcomes[mode] = (len(stored), result.committed_offsets)
+    assert outcomes["full_refresh"] == (0, {0: 300, 1: 300, 2: 300})
+    assert outcomes["incremental_merge"][0] > 0
+
+
+def test_full_refresh_keyed_by_source_keys_judges_repeated_deletes(broker, spark, kafka_env, topics, tmp_path):
+    """Without unique_key columns the deletes' keys are the source records' keys: two deletes of
+    one key under duplicate_policy: fail refuse the batch before anything is produced."""
+    src, dst = topics
+    bs = broker.bootstrap_servers
+    events = [{"op": "upsert", "data": {"order_id": 1}}, {"op": "delete", "data": {"order_id": 2}}, {"op": "delete", "data": {"order_id": 2}}]
+    produce_json(bs, src, events, partition=0, key=lambda event: event["data"]["order_id"])
+    sink = "  strategy: {mode: full_refresh, duplicate_policy: fail}\n  options: {envelope: dpone, deletes: {enabled: true, tombstone: false}}"
+    manifest = parse_manifest(manifest_text(src, dst, tmp_path, sink, "    envelope: dpone"))
+    with pytest.raises(RunFailed, match="duplicate_policy: fail"):
+        run_pipeline(manifest, spark)
+    assert consume_all(bs, dst) == []
+
+
 def test_time_window_reads_records_by_timestamp(broker, spark, kafka_env, topics, tmp_path):
     src, dst = topics
     bs = broker.bootstrap_servers

@@ -454,6 +454,12 @@ def remove_spills(settings: DirectSettings, slices: list[Slice]) -> None:
         pass
 
 
+def remove_rows(settings: DirectSettings, slices: list[Slice]) -> None:
+    """Remove the slices' decoded rows kept for the checks (direct/rows.py) once they are judged."""
+    for piece in slices:
+        remove_file(rows_path(settings, piece))
+
+
 def sweep_stale_spills(run_id: str, now: float | None = None) -> int:
     """Remove the spill directories of other runs left untouched for STALE_SPILL_S (a driver killed
     mid-run leaves its files, and a killed worker its `.partial` file): on a long-lived executor

@@ -15,7 +15,8 @@ does the same work in the Python tasks, in the same order of guarantees:
    (_BadRecords). A record only the Spark SQL path handles (one Spark decodes but the tasks do
    not, a value the encoder refuses, a key that repeats where per-key order matters) sends the
    whole run there, reading the batch again, as if this path had not run.
-   Repeated keys are settled on the keys themselves (direct/keys.py); keep_last / keep_first pick
+   Repeated keys are settled on the keys themselves (direct/keys.py, engine/direct_keys.py: on the
+   driver, or past its limit by a Spark window over the candidates); keep_last / keep_first pick
    the same record as the Spark SQL path (source order: timestamp, partition, offset).
    A time window's late records are counted in the scan and judged by its policy (fail stops
    the run here; dead_letter leaves them out of the scan's messages and holds them back for the
@@ -47,10 +48,11 @@ from pyspark.sql import functions as F
 
 from dpone_dagster import columns as C
 from dpone_dagster.direct import task
-from dpone_dagster.direct.keys import candidates, left_out_by_policy
+from dpone_dagster.direct.keys import candidates
 from dpone_dagster.engine import direct_checks, direct_registry
 from dpone_dagster.engine.bad_records import handle_bad_records
 from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
+from dpone_dagster.engine.direct_keys import by_partition, settle_repeated_keys
 from dpone_dagster.engine.direct_load import produce_all, storing_rule
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
@@ -75,7 +77,6 @@ from dpone_dagster.shape import message
 from dpone_dagster.shape.envelope import envelope_parts
 from dpone_dagster.shape.headers import HeaderSpec
 from dpone_dagster.sinks.dead_letters import DeadLetters
-from dpone_dagster.sinks.kafka_messages import uses_dedupe
 from dpone_dagster.sinks.registry import PreparedSchema
 from dpone_dagster.sources.kafka import KafkaBatchSource
 from dpone_dagster.sources.kafka_reader import RAW_SCHEMA
@@ -87,9 +88,6 @@ from dpone_dagster.spark.registry_codec import nullable_schema
 from dpone_dagster.spark.session import is_connect
 from dpone_dagster.spark.slots import local_task_slots, produce_slots
 
-# Repeated keys are settled on the driver up to this many candidate hashes; more go to the Spark
-# SQL path, whose de-duplication scales with the cluster.
-MAX_CANDIDATES = 1_000_000
 # What a read task may wait on the broker beyond its records (the reader's empty polls, a
 # consumer's connection set-up): the scan's part of a job bound (spark/jobs.py).
 READ_WAIT_S = 60.0
@@ -117,6 +115,8 @@ def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
         return "nothing to read"
     if sink.strategy.mode not in STRATEGIES:
         return f"strategy {sink.strategy.mode}"
+    if sink.strategy.mode in ("full_refresh", "replace") and sink.options.key.mode == "unique_key" and not sink.strategy.unique_key_columns:
+        return f"{sink.strategy.mode} keyed by the source records' keys (no unique_key columns)"
     return None
 
 
@@ -185,13 +185,15 @@ def copy(
             if settings.deletes == "skip":
                 result.deletes_skipped = deletes
             set_aside = bad.positions()
-            skip, removed = _settle_repeated_keys(manifest, spark, jobs, settings, groups, found, read_bound, set_aside)
+            skip, removed = settle_repeated_keys(manifest, spark, jobs, settings, groups, found, read_bound, set_aside)
             unpublished = _merged(skip, bad.positions("keyless"))  # not among the rows as published
             published = rows - removed - result.deletes_skipped - bad.left_out
             rows_published = decoded_rows(_merged(unpublished, undecodable), settings.deletes == "skip", published)
             _gates(manifest, planned, settings, tally, unpublished, result, published, "quality_published", "published", log, rows_published)
             bad.judge_oversized(result, settings.max_message_bytes)
             removed += result.deletes_skipped + bad.left_out  # left out of the messages either way
+        if settings.keep_rows:  # every check has been judged: the rows kept for them are done
+            _remove_spills(spark, jobs, settings, groups, task.remove_rows)
     except ToSparkSql as exc:
         _remove_spills(spark, jobs, settings, groups)
         attempt.take_back(result, exc, log)
@@ -248,7 +250,7 @@ class _BadRecords:
             return {}
         picked = self.aside if kind is None else self.aside.filter(pc.equal(self.aside["kind"], kind))
         partitions, offsets = picked["partition"].to_numpy(), picked["offset"].to_numpy()
-        return _by_partition(partitions, offsets)
+        return by_partition(partitions, offsets)
 
     def judge_undecodable(self, result: RunResult) -> None:
         n = self.count("undecodable")
@@ -313,11 +315,14 @@ def _decoded_as_planned(planned: PlannedRead, settings: task.DirectSettings, rep
     return [f"{registry.fmt}: schema id(s) {sorted(carried)} from the registry"]
 
 
-def _remove_spills(spark: SparkSession, jobs: BoundedJobs, settings: task.DirectSettings, groups: list[list[task.Slice]]) -> None:
+def _remove_spills(
+    spark: SparkSession, jobs: BoundedJobs, settings: task.DirectSettings, groups: list[list[task.Slice]], remove: Callable[..., None] = task.remove_spills
+) -> None:
     """Best effort: the files are in Spark's local directories (a later run's scan sweeps what a
-    killed run left, task.sweep_stale_spills)."""
+    killed run left, task.sweep_stale_spills). `remove`: task.remove_rows removes only the
+    decoded rows kept for the checks."""
     try:
-        jobs.in_tasks(groups, lambda g: task.remove_spills(settings, g), MARGIN_S, "removing the run's spill files")
+        jobs.in_tasks(groups, lambda g: remove(settings, g), MARGIN_S, "removing the run's spill files")
     except Exception:  # noqa: BLE001 - the run's own outcome matters, not this clean-up
         pass
 
@@ -458,34 +463,6 @@ def _scan(
     return reports, np.unique(np.concatenate(found)) if found else np.zeros(0, np.uint64)
 
 
-def _settle_repeated_keys(
-    manifest: Manifest,
-    spark: SparkSession,
-    jobs: BoundedJobs,
-    settings: task.DirectSettings,
-    groups: list[list[task.Slice]],
-    found: np.ndarray,
-    seconds: float,
-    set_aside: dict[int, np.ndarray],
-) -> tuple[dict[int, np.ndarray], int]:
-    """The source offsets to leave out per partition, and how many they are, from the candidate
-    key hashes `found`. Keys that repeat where the Spark SQL path orders them (append) or refuses
-    them (duplicate_policy: fail) raise ToSparkSql."""
-    if not len(found):
-        return {}, 0
-    if len(found) > MAX_CANDIDATES:
-        raise ToSparkSql(f"more than {MAX_CANDIDATES} keys may repeat")
-    picked = jobs.in_tasks(groups, lambda g: task.candidate_records(settings, g, found, set_aside), seconds, "the read of repeated keys")
-    records = pa.concat_tables(picked)
-    repeated = records.group_by("key").aggregate([("key", "count")]).filter(pc.field("key_count") > 1)
-    if not repeated.num_rows:
-        return {}, 0  # hashes shared by different keys only
-    policy = manifest.sink.strategy.duplicate_policy
-    if not uses_dedupe(manifest.sink):
-        raise ToSparkSql(f"{repeated.num_rows} key(s) repeat in the batch (strategy {manifest.sink.strategy.mode}, duplicate_policy {policy})")
-    return _losers(records.filter(pc.is_in(records["key"], repeated["key"])), policy)
-
-
 def _within(offsets: dict[int, np.ndarray], piece: task.Slice) -> int:
     """How many of `offsets` (per partition) fall in the slice."""
     _, partition, start, end = piece
@@ -496,20 +473,6 @@ def _within(offsets: dict[int, np.ndarray], piece: task.Slice) -> int:
 def _merged(first: dict[int, np.ndarray], second: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
     """Sorted offsets per partition of both."""
     return {p: np.union1d(first.get(p, np.zeros(0, np.int64)), second.get(p, np.zeros(0, np.int64))) for p in first.keys() | second.keys()}
-
-
-def _losers(records: pa.Table, policy: str) -> tuple[dict[int, np.ndarray], int]:
-    """keep_last / keep_first among the records of repeated keys: the source order is (timestamp,
-    partition, offset), as on the Spark SQL path; every record but one per key is left out."""
-    dropped = left_out_by_policy(records, ["timestamp", "partition", "offset"], policy)
-    partitions = dropped["partition"].to_numpy()
-    offsets = dropped["offset"].to_numpy()
-    return _by_partition(partitions, offsets), int(len(offsets))
-
-
-def _by_partition(partitions: np.ndarray, offsets: np.ndarray) -> dict[int, np.ndarray]:
-    """Source offsets grouped by partition, each sorted (the form the produce tasks skip by)."""
-    return {int(p): np.sort(offsets[partitions == p]) for p in np.unique(partitions)}
 
 
 def _gates(

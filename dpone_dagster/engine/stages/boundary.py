@@ -91,7 +91,13 @@ def _plan_kafka(
         "replace",
     )
     summary = f"{boundary.total} offsets in {len(boundary.ranges)} partition(s) of '{boundary.topic}'"
-    checkpoint = (lambda delivered: offsets.advance(record, delivered)) if advance and screen is None else None
+    # Offsets stored as slices are delivered bound a rerun's duplicates; a full_refresh rerun reads
+    # the whole topic again whatever is stored, so it stores them once, at the commit.
+    checkpoint = (
+        (lambda delivered: offsets.advance(record, delivered))
+        if advance and screen is None and manifest.sink.strategy.mode != "full_refresh"
+        else None
+    )
     state = StateMove(store_offsets, screen.send_dead_letters if screen is not None else None, incremental)
     return PlannedRead(screen or source, boundary, summary, f"'{boundary.topic}'", incremental, state, checkpoint)
 

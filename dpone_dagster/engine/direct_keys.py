@@ -1,0 +1,103 @@
+"""Repeated keys of a Kafka direct-path batch (driver side; the hashes are found in the scan,
+direct/keys.py): which records keep_last / keep_first leave out.
+
+The tasks read back the records whose key hash is a candidate (direct/task.candidate_records).
+Up to DRIVER_CANDIDATES candidate hashes the driver ranks those records itself with the rule both
+direct paths share (direct/keys.left_out_by_policy); more are ranked by a Spark window over the
+records, partitioned by key (a shuffle on the cluster), and only the records left out — source
+partition and offset, 12 bytes each — come to the driver. The source order is (timestamp,
+partition, offset), as on the Spark SQL path (sinks/kafka_messages.dedupe)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from dpone_dagster.direct import task
+from dpone_dagster.direct.keys import left_out_by_policy
+from dpone_dagster.engine.direct_attempt import ToSparkSql
+from dpone_dagster.manifest.models import Manifest
+from dpone_dagster.sinks.kafka_messages import uses_dedupe
+from dpone_dagster.spark.jobs import BoundedJobs
+
+# Candidate key hashes whose records the driver ranks itself; more are ranked in Spark.
+DRIVER_CANDIDATES = 1_000_000
+ORDER = ("timestamp", "partition", "offset")  # the source order, most significant first
+CANDIDATE_SCHEMA = "key binary, offset long, timestamp long, partition int"
+
+Offsets = dict[int, np.ndarray]  # sorted source offsets per partition
+
+
+def settle_repeated_keys(
+    manifest: Manifest,
+    spark: SparkSession,
+    jobs: BoundedJobs,
+    settings: task.DirectSettings,
+    groups: list[list[task.Slice]],
+    found: np.ndarray,
+    seconds: float,
+    set_aside: Offsets,
+) -> tuple[Offsets, int]:
+    """The source offsets to leave out per partition, and how many they are, from the candidate
+    key hashes `found`. Keys that repeat where the Spark SQL path orders them (append,
+    duplicate_policy: allow) or refuses them (duplicate_policy: fail) raise ToSparkSql."""
+    if not len(found):
+        return {}, 0
+    policy = manifest.sink.strategy.duplicate_policy
+    if len(found) > DRIVER_CANDIDATES:
+        if not uses_dedupe(manifest.sink):
+            raise ToSparkSql(f"more than {DRIVER_CANDIDATES:,} keys may repeat (strategy {manifest.sink.strategy.mode}, duplicate_policy {policy})")
+        return _losers_in_spark(spark, jobs, settings, groups, found, seconds, set_aside, policy)
+    picked = jobs.in_tasks(groups, lambda g: task.candidate_records(settings, g, found, set_aside), seconds, "the read of repeated keys")
+    records = pa.concat_tables(picked)
+    repeated = records.group_by("key").aggregate([("key", "count")]).filter(pc.field("key_count") > 1)
+    if not repeated.num_rows:
+        return {}, 0  # hashes shared by different keys only
+    if not uses_dedupe(manifest.sink):
+        raise ToSparkSql(f"{repeated.num_rows} key(s) repeat in the batch (strategy {manifest.sink.strategy.mode}, duplicate_policy {policy})")
+    return losers(records.filter(pc.is_in(records["key"], repeated["key"])), policy)
+
+
+def losers(records: pa.Table, policy: str) -> tuple[Offsets, int]:
+    """keep_last / keep_first among the records of repeated keys, ranked here: every record but
+    one per key is left out."""
+    dropped = left_out_by_policy(records, list(ORDER), policy)
+    return by_partition(dropped["partition"].to_numpy(), dropped["offset"].to_numpy()), dropped.num_rows
+
+
+def ranked_losers(records: DataFrame, policy: str) -> DataFrame:
+    """The records (CANDIDATE_SCHEMA) keep_last / keep_first leave out, ranked by Spark: partition
+    and offset. The order's columns are never null, so Spark's window orders them as `losers` does."""
+    order = [F.col(c).desc() if policy == "keep_last" else F.col(c).asc() for c in ORDER]
+    rank = F.row_number().over(Window.partitionBy("key").orderBy(*order))
+    return records.withColumn("__rank", rank).where(F.col("__rank") > 1).select("partition", "offset")
+
+
+def _losers_in_spark(
+    spark: SparkSession,
+    jobs: BoundedJobs,
+    settings: task.DirectSettings,
+    groups: list[list[task.Slice]],
+    found: np.ndarray,
+    seconds: float,
+    set_aside: Offsets,
+    policy: str,
+) -> tuple[Offsets, int]:
+    def read(batches: Any) -> Any:
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                yield from task.candidate_records(settings, groups[index], found, set_aside).to_batches()
+
+    records = spark.range(len(groups), numPartitions=max(1, len(groups))).mapInArrow(read, CANDIDATE_SCHEMA)
+    dropped = jobs.run(lambda: ranked_losers(records, policy).toArrow(), seconds, "the ranking of repeated keys")
+    return by_partition(dropped["partition"].to_numpy(), dropped["offset"].to_numpy()), dropped.num_rows
+
+
+def by_partition(partitions: np.ndarray, offsets: np.ndarray) -> Offsets:
+    """Source offsets grouped by partition, each sorted (the form the produce tasks skip by)."""
+    return {int(p): np.sort(offsets[partitions == p]) for p in np.unique(partitions)}
