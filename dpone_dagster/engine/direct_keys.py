@@ -10,6 +10,7 @@ partition, offset), as on the Spark SQL path (sinks/kafka_messages.dedupe)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -49,11 +50,15 @@ def settle_repeated_keys(
     if not len(found):
         return {}, 0
     policy = manifest.sink.strategy.duplicate_policy
+
+    def read(group: list[task.Slice]) -> pa.Table:
+        return task.candidate_records(settings, group, found, set_aside)
+
     if len(found) > DRIVER_CANDIDATES:
         if not uses_dedupe(manifest.sink):
             raise ToSparkSql(f"more than {DRIVER_CANDIDATES:,} keys may repeat (strategy {manifest.sink.strategy.mode}, duplicate_policy {policy})")
-        return _losers_in_spark(spark, jobs, settings, groups, found, seconds, set_aside, policy)
-    picked = jobs.in_tasks(groups, lambda g: task.candidate_records(settings, g, found, set_aside), seconds, "the read of repeated keys")
+        return _losers_in_spark(spark, jobs, groups, read, seconds, policy)
+    picked = jobs.in_tasks(groups, read, seconds, "the read of repeated keys")
     records = pa.concat_tables(picked)
     repeated = records.group_by("key").aggregate([("key", "count")]).filter(pc.field("key_count") > 1)
     if not repeated.num_rows:
@@ -79,21 +84,16 @@ def ranked_losers(records: DataFrame, policy: str) -> DataFrame:
 
 
 def _losers_in_spark(
-    spark: SparkSession,
-    jobs: BoundedJobs,
-    settings: task.DirectSettings,
-    groups: list[list[task.Slice]],
-    found: np.ndarray,
-    seconds: float,
-    set_aside: Offsets,
-    policy: str,
+    spark: SparkSession, jobs: BoundedJobs, groups: list[list[task.Slice]], read: Callable[[list[task.Slice]], pa.Table], seconds: float, policy: str
 ) -> tuple[Offsets, int]:
-    def read(batches: Any) -> Any:
+    """`losers`, ranked by Spark over the candidate records the tasks `read` (a group each)."""
+
+    def records_of(batches: Any) -> Any:
         for batch in batches:
             for index in batch.column(0).to_pylist():
-                yield from task.candidate_records(settings, groups[index], found, set_aside).to_batches()
+                yield from read(groups[index]).to_batches()
 
-    records = spark.range(len(groups), numPartitions=max(1, len(groups))).mapInArrow(read, CANDIDATE_SCHEMA)
+    records = spark.range(len(groups), numPartitions=max(1, len(groups))).mapInArrow(records_of, CANDIDATE_SCHEMA)
     dropped = jobs.run(lambda: ranked_losers(records, policy).toArrow(), seconds, "the ranking of repeated keys")
     return by_partition(dropped["partition"].to_numpy(), dropped["offset"].to_numpy()), dropped.num_rows
 
