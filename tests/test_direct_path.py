@@ -750,6 +750,26 @@ def test_spark_ranks_repeated_keys_as_the_driver_does(spark):
         assert ranked == {p: o.tolist() for p, o in expected.items()}
 
 
+def test_spark_connect_hands_too_many_candidate_keys_to_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """Over Spark Connect the candidate hashes would travel in the ranking's plan: past
+    CONNECT_CANDIDATES the batch goes to the Spark SQL path whole, and keep_last still holds.
+    (Connect is simulated on the classic session: only the limit's branch depends on it.)"""
+    from dpone_dagster.engine import direct_keys
+
+    monkeypatch.setattr(direct_keys, "DRIVER_CANDIDATES", 0)
+    monkeypatch.setattr(direct_keys, "CONNECT_CANDIDATES", 0)
+    monkeypatch.setattr(direct_keys, "is_connect", lambda _: True)
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("cksrc"), unique_topic("ckdst")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    produce_json(bs, src, [{"order_id": i % 5, "v": i} for i in range(20)], partition=0)
+    manifest = parse_manifest(manifest_text(src, dst, tmp_path, "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}"))
+    result = run_pipeline(manifest, spark)
+    assert result.execution_path == "spark_sql" and any("Spark Connect" in n for n in result.notes), result.notes
+    assert {int(r["key"]): json.loads(r["value"])["v"] for r in consume_raw(bs, dst)} == {k: 15 + k for k in range(5)}
+
+
 def test_a_partition_is_stored_up_to_its_first_undelivered_slice():
     progress = SliceProgress({0: 100, 1: 0})
     assert progress.delivered(0, 200, 300) == {}  # [100, 200) is not delivered yet

@@ -25,9 +25,13 @@ from dpone_dagster.engine.direct_attempt import ToSparkSql
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.sinks.kafka_messages import uses_dedupe
 from dpone_dagster.spark.jobs import BoundedJobs
+from dpone_dagster.spark.session import is_connect
 
 # Candidate key hashes whose records the driver ranks itself; more are ranked in Spark.
 DRIVER_CANDIDATES = 1_000_000
+# Over Spark Connect the candidate hashes (8 bytes each) travel inside the plan, whose messages
+# the server takes up to 128 MiB by default: past this many the batch goes to the Spark SQL path.
+CONNECT_CANDIDATES = 4_000_000
 ORDER = ("timestamp", "partition", "offset")  # the source order, most significant first
 CANDIDATE_SCHEMA = "key binary, offset long, timestamp long, partition int"
 
@@ -55,6 +59,8 @@ def settle_repeated_keys(
         return task.candidate_records(settings, group, found, set_aside)
 
     if len(found) > DRIVER_CANDIDATES:
+        if is_connect(spark) and len(found) > CONNECT_CANDIDATES:
+            raise ToSparkSql(f"more than {CONNECT_CANDIDATES:,} keys may repeat (Spark Connect: their hashes would travel in the plan)")
         if not uses_dedupe(manifest.sink):
             raise ToSparkSql(f"more than {DRIVER_CANDIDATES:,} keys may repeat (strategy {manifest.sink.strategy.mode}, duplicate_policy {policy})")
         return _losers_in_spark(spark, jobs, groups, read, seconds, policy)
