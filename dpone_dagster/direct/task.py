@@ -141,7 +141,7 @@ def shape(
     given. Raises Refused for what only the Spark SQL path handles."""
     raw, columns, is_delete = decoded(settings, raw)
     if rows is not None:
-        rows.write(as_rows(rows_schema(settings.schema), raw, columns, is_delete))
+        rows.write(as_rows(rows.schema, raw, columns, is_delete))
     deletes = int(pc.sum(is_delete).as_py() or 0)
     if tally is not None:
         skipped = is_delete if settings.deletes == "skip" else None

@@ -249,8 +249,7 @@ class _BadRecords:
         if self.aside is None or (kind is not None and not self.count(kind)):
             return {}
         picked = self.aside if kind is None else self.aside.filter(pc.equal(self.aside["kind"], kind))
-        partitions, offsets = picked["partition"].to_numpy(), picked["offset"].to_numpy()
-        return by_partition(partitions, offsets)
+        return by_partition(picked)
 
     def judge_undecodable(self, result: RunResult) -> None:
         n = self.count("undecodable")
@@ -316,7 +315,7 @@ def _decoded_as_planned(planned: PlannedRead, settings: task.DirectSettings, rep
 
 
 def _remove_spills(
-    spark: SparkSession, jobs: BoundedJobs, settings: task.DirectSettings, groups: list[list[task.Slice]], remove: Callable[..., None] = task.remove_spills
+    spark: SparkSession, jobs: BoundedJobs, settings: task.DirectSettings, groups: list[list[task.Slice]], remove: Callable[[task.DirectSettings, list[task.Slice]], None] = task.remove_spills
 ) -> None:
     """Best effort: the files are in Spark's local directories (a later run's scan sweeps what a
     killed run left, task.sweep_stale_spills). `remove`: task.remove_rows removes only the

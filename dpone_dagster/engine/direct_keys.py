@@ -78,7 +78,7 @@ def losers(records: pa.Table, policy: str) -> tuple[Offsets, int]:
     """keep_last / keep_first among the records of repeated keys, ranked here: every record but
     one per key is left out."""
     dropped = left_out_by_policy(records, list(ORDER), policy)
-    return by_partition(dropped["partition"].to_numpy(), dropped["offset"].to_numpy()), dropped.num_rows
+    return by_partition(dropped), dropped.num_rows
 
 
 def ranked_losers(records: DataFrame, policy: str) -> DataFrame:
@@ -101,9 +101,11 @@ def _losers_in_spark(
 
     records = spark.range(len(groups), numPartitions=max(1, len(groups))).mapInArrow(records_of, CANDIDATE_SCHEMA)
     dropped = jobs.run(lambda: ranked_losers(records, policy).toArrow(), seconds, "the ranking of repeated keys")
-    return by_partition(dropped["partition"].to_numpy(), dropped["offset"].to_numpy()), dropped.num_rows
+    return by_partition(dropped), dropped.num_rows
 
 
-def by_partition(partitions: np.ndarray, offsets: np.ndarray) -> Offsets:
-    """Source offsets grouped by partition, each sorted (the form the produce tasks skip by)."""
+def by_partition(records: pa.Table) -> Offsets:
+    """The source offsets of `records` (its partition and offset columns) grouped by partition,
+    each sorted (the form the produce tasks skip by)."""
+    partitions, offsets = records["partition"].to_numpy(), records["offset"].to_numpy()
     return {int(p): np.sort(offsets[partitions == p]) for p in np.unique(partitions)}
