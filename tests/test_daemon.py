@@ -197,7 +197,7 @@ def test_the_daemon_keeps_topics_in_sync_retries_what_a_retry_can_fix_and_nothin
         # 3. A quality gate failure is final: the run is tagged so the daemon leaves it, and the
         # sensor does not ask again for the same data.
         [refused] = wait_for("gated: a failed run", lambda: gated.runs(instance, DagsterRunStatus.FAILURE), 300, daemon)
-        time.sleep(30)
+        time.sleep(12)  # two sensor ticks (minimum_interval_seconds: 5) that must not ask again
         assert [r.run_id for r in instance.get_runs() if AssetKey(["gated"]) in (r.asset_selection or ())] == [refused.run_id]
         tags = instance.get_run_by_id(refused.run_id).tags
         assert tags["dagster/retry_on_asset_or_op_failure"] == "false" and tags["dagster/will_retry"] == "false"

@@ -28,7 +28,9 @@ from dpone_dagster.direct.progress import SliceProgress, SliceSchedule
 from dpone_dagster.engine.direct_keys import losers
 from dpone_dagster.engine.run import RunRequest, run_pipeline
 from dpone_dagster.errors import ConfigError, DataRefused, RunFailed
+from dpone_dagster.formats import avro_columns, registry_source
 from dpone_dagster.manifest import parse_manifest
+from dpone_dagster.schema.avro import avro_to_spark
 from dpone_dagster.sources.kafka_reader import ReaderSettings
 from dpone_dagster.spark.jobs import BoundedJobs, JobTimedOut, in_tasks
 from dpone_dagster.state.local import LocalStateStore
@@ -318,7 +320,7 @@ def typed_rows(n: int) -> list[dict[str, Any]]:
         {
             "order_id": i,
             "qty": i % 5 - 2,
-            "price": None if i % 9 == 0 else Decimal(i * 1337).scaleb(-2),
+            "price": None if i % 9 == 0 else Decimal((i - 150) * 1337).scaleb(-2),  # negative ones too
             "fee": Decimal([0, 1, 1000, i * 7919][i % 4]).scaleb(-10),  # 0E-10 and 1.000E-7 in Spark's JSON
             "paid_at": None if i % 7 == 0 else epoch + timedelta(seconds=i * 61, microseconds=(i * 123457) % 1_000_000),
             "seen_at": epoch + timedelta(milliseconds=i * 1500),
@@ -353,6 +355,8 @@ def test_avro_logical_types_take_the_direct_path_with_the_spark_sql_paths_messag
     (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path, monkeypatch, strategy, sink, 2, source)
     assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
     assert direct.rows_extracted == sql.rows_extracted == 300
+    # The tasks read these values column by column (formats/avro_columns.py), the Spark SQL path record by record.
+    assert avro_columns.reader(1, json.dumps(TYPED), registry_source.arrow_schema(avro_to_spark(TYPED))) is not None
 
     assert normalized(direct, direct_records, "avro" in sink) == normalized(sql, sql_records, "avro" in sink)
     assert len(direct_records) == 300 - direct.deletes_skipped

@@ -1,6 +1,7 @@
 """Registry-framed source values (avro, json_schema, protobuf) decoded into Arrow columns in the
 direct path's tasks, with the schemas the driver fetched (sources/kafka.RegistryPlan): the same
-decoder as the Spark SQL path (spark/registry_codec.RecordDecoder), without the JVM.
+decoder as the Spark SQL path (spark/registry_codec.RecordDecoder), without the JVM; Avro batches
+of one writer schema column by column (formats/avro_columns.py), with the same result.
 
 A value the decoder cannot read (a wrong magic byte, an id not in the subject, a payload that
 does not decode or fit) raises Undecodable: the batch then takes the Spark SQL path, whose bad-record
@@ -14,10 +15,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.types import StructType
 
+from dpone_dagster.formats import avro_columns
+
 if TYPE_CHECKING:
     from dpone_dagster.sources.kafka import RegistryPlan
 
 _decoders: dict[Any, Any] = {}  # one decoder per plan in a worker (it keeps the parsed schemas)
+_column_readers: dict[Any, avro_columns.Reader | None] = {}  # one per writer schema and payload in a worker
 
 
 class Undecodable(Exception):
@@ -47,7 +51,17 @@ def arrow_schema(payload: StructType) -> pa.Schema | None:
 
 def decode_values(plan: RegistryPlan, raw: pa.RecordBatch, schema: pa.Schema) -> list[pa.Array]:
     """One array per field of `schema` (the payload's Arrow schema), aligned with the batch's
-    values; a null value (a tombstone) gives nulls."""
+    values; a null value (a tombstone) gives nulls. Avro values of one schema are read column by
+    column (formats/avro_columns.py) when it reads them exactly as the record decoder would."""
+    if plan.fmt == "avro":
+        columns = _avro_columns(plan, raw.column("value"), schema)
+        if columns is not None:
+            return columns
+    return decode_records(plan, raw, schema)
+
+
+def decode_records(plan: RegistryPlan, raw: pa.RecordBatch, schema: pa.Schema) -> list[pa.Array]:
+    """`decode_values` record by record, with the Spark SQL path's decoder."""
     decoder = _decoder(plan)
     rows: list[dict[str, Any] | None] = []
     partitions, offsets = raw.column("partition").to_pylist(), raw.column("offset").to_pylist()
@@ -64,6 +78,22 @@ def decode_values(plan: RegistryPlan, raw: pa.RecordBatch, schema: pa.Schema) ->
     except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
         raise Undecodable(f"a value that does not fit the payload schema: {exc}") from exc
     return struct.flatten()
+
+
+def _avro_columns(plan: RegistryPlan, values: pa.Array, schema: pa.Schema) -> list[pa.Array] | None:
+    ids = schema_ids(values)
+    if len(ids) != 1:  # several writer schemas in one batch: read record by record
+        return None
+    [schema_id] = ids
+    registered = plan.schemas.get(schema_id)
+    if registered is None or registered[0].upper() != "AVRO":
+        return None
+    key = (schema_id, registered[1], schema)
+    if key not in _column_readers:
+        _column_readers.clear()
+        _column_readers[key] = avro_columns.reader(schema_id, registered[1], schema)
+    reader = _column_readers[key]
+    return reader.decode(values) if reader is not None else None
 
 
 def _decoder(plan: RegistryPlan) -> Any:
