@@ -613,7 +613,20 @@ def test_gates_refuse_before_the_direct_path_produces(broker, spark, kafka_env, 
     assert LocalStateStore(str(tmp_path)).load_offsets(src, f"g_{dst}") == {}
 
 
-def test_duplicate_policy_fail_is_judged_on_the_keys(broker, spark, kafka_env, tmp_path):
+@pytest.mark.parametrize("ranked_by", ["driver", "spark"])
+def test_duplicate_policy_fail_is_judged_on_the_keys(broker, spark, kafka_env, tmp_path, monkeypatch, ranked_by):
+    """Keys that repeat under duplicate_policy: fail refuse the batch on the direct path itself,
+    with the Spark SQL path's error; hashes shared by different keys do not."""
+    from dpone_dagster.engine import direct_keys
+    from dpone_dagster.sinks import kafka_messages
+
+    if ranked_by == "spark":
+        monkeypatch.setattr(direct_keys, "DRIVER_CANDIDATES", 0)
+
+    def spark_sql_judged(*args: Any) -> None:
+        raise AssertionError("the Spark SQL path judged the batch")
+
+    monkeypatch.setattr(kafka_messages, "duplicate_keys", spark_sql_judged)
     bs = broker.bootstrap_servers
     src, dst = unique_topic("dsrc"), unique_topic("ddst")
     create_topic(bs, src, 2)
@@ -622,11 +635,12 @@ def test_duplicate_policy_fail_is_judged_on_the_keys(broker, spark, kafka_env, t
     strategy = "{mode: incremental_merge, unique_key: order_id, duplicate_policy: fail}"
     m = parse_manifest(manifest_text(src, dst, tmp_path, strategy))
     assert run_pipeline(m, spark).execution_path == "direct"
-    produce_json(bs, src, [{"order_id": 3}], partition=1)
-    produce_json(bs, src, [{"order_id": 3}], partition=0)
-    with pytest.raises(RunFailed, match="duplicate_policy: fail"):
+    produce_json(bs, src, [{"order_id": 3}, {"order_id": 12}], partition=1)
+    produce_json(bs, src, [{"order_id": 3}, {"order_id": 12}, {"order_id": 14}], partition=0)
+    with pytest.raises(RunFailed, match=r"duplicate_policy: fail — 2 key\(s\) occur more than once in the batch \(e.g. \['(12|3)', '(12|3)'\]\)"):
         run_pipeline(m, spark)
     assert len(consume_raw(bs, dst)) == 10
+    assert LocalStateStore(str(tmp_path)).load_offsets(src, f"g_{dst}") == {0: 10, 1: 0}
 
 
 def test_a_produce_task_without_its_spill_reads_the_slice_again(broker, kafka_env, tmp_path):

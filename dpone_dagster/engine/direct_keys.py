@@ -23,7 +23,7 @@ from dpone_dagster.direct import task
 from dpone_dagster.direct.keys import left_out_by_policy
 from dpone_dagster.engine.direct_attempt import ToSparkSql
 from dpone_dagster.manifest.models import Manifest
-from dpone_dagster.sinks.kafka_messages import uses_dedupe
+from dpone_dagster.sinks.kafka_messages import duplicates_refused, refuses_duplicates, uses_dedupe
 from dpone_dagster.spark.jobs import BoundedJobs
 from dpone_dagster.spark.session import is_connect
 
@@ -49,8 +49,8 @@ def settle_repeated_keys(
     set_aside: Offsets,
 ) -> tuple[Offsets, int]:
     """The source offsets to leave out per partition, and how many they are, from the candidate
-    key hashes `found`. Keys that repeat where the Spark SQL path orders them (append,
-    duplicate_policy: allow) or refuses them (duplicate_policy: fail) raise ToSparkSql."""
+    key hashes `found`. Keys that repeat under duplicate_policy: fail refuse the batch as the Spark
+    SQL path does; where it orders them (append, duplicate_policy: allow) they raise ToSparkSql."""
     if not len(found):
         return {}, 0
     policy = manifest.sink.strategy.duplicate_policy
@@ -61,6 +61,9 @@ def settle_repeated_keys(
     if len(found) > DRIVER_CANDIDATES:
         if is_connect(spark) and len(found) > CONNECT_CANDIDATES:
             raise ToSparkSql(f"more than {CONNECT_CANDIDATES:,} keys may repeat (Spark Connect: their hashes would travel in the plan)")
+        if refuses_duplicates(manifest.sink):
+            _refuse_repeats(*jobs.run(lambda: _repeats_in_spark(spark, groups, read), seconds, "the count of repeated keys"))
+            return {}, 0
         if not uses_dedupe(manifest.sink):
             raise ToSparkSql(f"more than {DRIVER_CANDIDATES:,} keys may repeat (strategy {manifest.sink.strategy.mode}, duplicate_policy {policy})")
         return _losers_in_spark(spark, jobs, groups, read, seconds, policy)
@@ -69,9 +72,29 @@ def settle_repeated_keys(
     repeated = records.group_by("key").aggregate([("key", "count")]).filter(pc.field("key_count") > 1)
     if not repeated.num_rows:
         return {}, 0  # hashes shared by different keys only
+    if refuses_duplicates(manifest.sink):
+        _refuse_repeats(repeated.num_rows, repeated.sort_by("key")["key"].to_pylist())
     if not uses_dedupe(manifest.sink):
         raise ToSparkSql(f"{repeated.num_rows} key(s) repeat in the batch (strategy {manifest.sink.strategy.mode}, duplicate_policy {policy})")
     return losers(records.filter(pc.is_in(records["key"], repeated["key"])), policy)
+
+
+SAMPLE = 10  # repeated keys named in a refusal
+
+
+def _refuse_repeats(count: int, keys: list[bytes]) -> None:
+    """duplicate_policy: fail over `count` keys that repeat (`keys`: a sample), as the Spark SQL
+    path refuses them (sinks/kafka_messages.duplicates_refused)."""
+    if count:
+        raise duplicates_refused(count, [bytes(k).decode("utf-8", "replace") for k in keys[:SAMPLE]])
+
+
+def _repeats_in_spark(spark: SparkSession, groups: list[list[task.Slice]], read: Callable[[list[task.Slice]], pa.Table]) -> tuple[int, list[bytes]]:
+    """How many keys repeat among the candidate records (counted by Spark: a shuffle by key), and a
+    sample of them."""
+    repeated = _candidates(spark, groups, read).groupBy("key").count().where(F.col("count") > 1)
+    count = repeated.count()
+    return count, [row["key"] for row in repeated.select("key").limit(SAMPLE).collect()] if count else []
 
 
 def losers(records: pa.Table, policy: str) -> tuple[Offsets, int]:
@@ -94,14 +117,20 @@ def _losers_in_spark(
 ) -> tuple[Offsets, int]:
     """`losers`, ranked by Spark over the candidate records the tasks `read` (a group each)."""
 
+    records = _candidates(spark, groups, read)
+    dropped = jobs.run(lambda: ranked_losers(records, policy).toArrow(), seconds, "the ranking of repeated keys")
+    return by_partition(dropped), dropped.num_rows
+
+
+def _candidates(spark: SparkSession, groups: list[list[task.Slice]], read: Callable[[list[task.Slice]], pa.Table]) -> DataFrame:
+    """The candidate records the tasks `read` (a group each) as a DataFrame of CANDIDATE_SCHEMA."""
+
     def records_of(batches: Any) -> Any:
         for batch in batches:
             for index in batch.column(0).to_pylist():
                 yield from read(groups[index]).to_batches()
 
-    records = spark.range(len(groups), numPartitions=max(1, len(groups))).mapInArrow(records_of, CANDIDATE_SCHEMA)
-    dropped = jobs.run(lambda: ranked_losers(records, policy).toArrow(), seconds, "the ranking of repeated keys")
-    return by_partition(dropped), dropped.num_rows
+    return spark.range(len(groups), numPartitions=max(1, len(groups))).mapInArrow(records_of, CANDIDATE_SCHEMA)
 
 
 def by_partition(records: pa.Table) -> Offsets:

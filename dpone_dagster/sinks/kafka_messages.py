@@ -20,7 +20,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from dpone_dagster import columns as C
-from dpone_dagster.errors import ConfigError
+from dpone_dagster.errors import ConfigError, RunFailed
 from dpone_dagster.manifest.models import KafkaSink
 from dpone_dagster.spark.json_size import length_bound
 
@@ -85,12 +85,26 @@ def uses_dedupe(sink: KafkaSink) -> bool:
     )
 
 
+def refuses_duplicates(sink: KafkaSink) -> bool:
+    """duplicate_policy: fail, where keys are unique by the strategy: a batch whose keys repeat is
+    refused whole (`duplicates_refused`)."""
+    return sink.strategy.mode in DEDUPE_MODES and sink.strategy.duplicate_policy == "fail" and sink.options.key.mode == "unique_key"
+
+
 def duplicate_keys(keyed: DataFrame, limit: int = 10) -> tuple[int, list[str]]:
     """(number of keys occurring more than once, a sample of them)."""
     dupes = keyed.where(F.col(KEY).isNotNull()).groupBy(KEY).count().where(F.col("count") > 1)
     count = dupes.count()
     sample = [bytes(row[KEY]).decode("utf-8", "replace") for row in dupes.limit(limit).collect()] if count else []
     return count, sample
+
+
+def duplicates_refused(count: int, sample: list[str]) -> RunFailed:
+    """The failure of a batch whose keys repeat under duplicate_policy: fail (both paths)."""
+    return RunFailed(
+        f"duplicate_policy: fail — {count} key(s) occur more than once in the batch "
+        f"(e.g. {sample}); nothing was produced. Use keep_last/keep_first to keep one row per key"
+    )
 
 
 WINNER = "__dpone__winner"

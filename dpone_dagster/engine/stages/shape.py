@@ -83,10 +83,7 @@ def shape_messages(
         if policy == "fail":
             count, sample = kafka_messages.duplicate_keys(keyed)
             if count:
-                raise RunFailed(
-                    f"duplicate_policy: fail — {count} key(s) occur more than once in the batch "
-                    f"(e.g. {sample}); nothing was produced. Use keep_last/keep_first to keep one row per key"
-                )
+                raise kafka_messages.duplicates_refused(count, sample)
         elif policy in ("keep_last", "keep_first"):
             keyed, removed = _keep_one_per_key(manifest, keyed, policy, counts, kept)
     with stage(result, "quality_published", log):
