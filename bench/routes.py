@@ -78,6 +78,8 @@ ROUTES: dict[str, tuple[str, str]] = {  # route -> (strategy, sink options)
     "json_schema": (APPEND, "{message_format: json_schema, schema_registry: {enabled: true}}"),
     "protobuf": (APPEND, "{message_format: protobuf, schema_registry: {enabled: true, protobuf_message: 'bench.orders_pb2:Order'}}"),
     "avro_source_to_json": (APPEND, "{}"),
+    "json_schema_source_to_json": (APPEND, "{}"),
+    "protobuf_source_to_json": (APPEND, "{}"),
     "postgres_json": (MERGE, "{}"),  # bench/sql2k.py's manifest and loop
 }
 SQL_ROUTES = ("postgres_json",)
@@ -89,7 +91,7 @@ QUALITY = {
     ),
 }
 # Routes that read the events framed by the registry instead of as JSON (a copy of the source topic).
-SOURCE_FORMATS = {"avro_source_to_json": "avro"}
+SOURCE_FORMATS = {"avro_source_to_json": "avro", "json_schema_source_to_json": "json_schema", "protobuf_source_to_json": "protobuf"}
 
 
 def hand_encoder(route: str, src: str, dst: str, registry_url: str) -> Encode:
@@ -104,6 +106,18 @@ def hand_encoder(route: str, src: str, dst: str, registry_url: str) -> Encode:
             event = reader(io.BytesIO(raw[5:]), parsed)
             return dumps(event).encode(), str(event["order_id"]).encode(), None
         return from_avro
+    if route == "json_schema_source_to_json":
+        return lambda raw: (dumps(event := loads(raw[5:])).encode(), str(event["order_id"]).encode(), None)
+    if route == "protobuf_source_to_json":
+        from bench.orders_pb2 import FIELDS, Order
+
+        names = [name for name, _ in FIELDS]
+
+        def from_protobuf(raw: bytes) -> tuple[bytes, bytes, None]:
+            message = Order.FromString(raw[6:])  # past the frame and the message index
+            event = {name: getattr(message, name) for name in names}
+            return dumps(event).encode(), str(event["order_id"]).encode(), None
+        return from_protobuf
     if route in ("json_append", "json_merge", "json_merge_expectations"):
         return lambda raw: (dumps(event := loads(raw)).encode(), str(event["order_id"]).encode(), None)
     if route == "json_envelope_headers":
@@ -176,19 +190,18 @@ def _bench_avro_schema() -> dict[str, Any]:
     return avro.spark_to_avro(_bench_struct(), "orders", "bench")
 
 
-def avro_copy(bootstrap: str, src: str, registry_url: str, partitions: int) -> str:
-    """A copy of `src` with each event framed by the registry in Avro (untimed), same partitions."""
-    import fastavro
+def registry_copy(bootstrap: str, src: str, registry_url: str, partitions: int, fmt: str) -> str:
+    """A copy of `src` with each event framed by the registry in `fmt` (untimed), same partitions."""
     from confluent_kafka import Consumer, Producer, TopicPartition
     from confluent_kafka.schema_registry import Schema
 
     from dpone_dagster.schema.registry import registry_client
 
-    copy = f"bench_avro_src_{uuid.uuid4().hex[:6]}"
+    copy = f"bench_{fmt}_src_{uuid.uuid4().hex[:6]}"
     create_topic(bootstrap, copy, partitions)
-    schema = _bench_avro_schema()
-    schema_id = registry_client({"url": registry_url}).register_schema(f"{copy}-value", Schema(json.dumps(schema), "AVRO"))
-    head, parsed, writer = b"\x00" + schema_id.to_bytes(4, "big"), fastavro.parse_schema(schema), fastavro.schemaless_writer
+    schema, kind, encode = _source_encoding(fmt)
+    schema_id = registry_client({"url": registry_url}).register_schema(f"{copy}-value", Schema(schema, kind))
+    head = b"\x00" + schema_id.to_bytes(4, "big") + (b"\x00" if fmt == "protobuf" else b"")  # protobuf: message index 0
     ends = topic_end_offsets(bootstrap, src)
     consumer = Consumer({**engine_consumer_config(bootstrap)})
     producer = Producer(engine_producer_config(bootstrap))
@@ -199,12 +212,10 @@ def avro_copy(bootstrap: str, src: str, registry_url: str, partitions: int) -> s
             for m in consumer.consume(10_000, 1.0):
                 if m.error() is not None:
                     continue
-                out = io.BytesIO()
-                out.write(head)
-                writer(out, parsed, json.loads(m.value()))
+                value = head + encode(json.loads(m.value()))
                 while True:
                     try:
-                        producer.produce(copy, out.getvalue(), partition=m.partition())
+                        producer.produce(copy, value, partition=m.partition())
                         break
                     except BufferError:
                         producer.poll(0.05)
@@ -215,6 +226,30 @@ def avro_copy(bootstrap: str, src: str, registry_url: str, partitions: int) -> s
     finally:
         consumer.close()
     return copy
+
+
+def _source_encoding(fmt: str) -> tuple[str, str, Callable[[dict[str, Any]], bytes]]:
+    """(schema text, schema type, event encoder) of a registry-framed copy of the events."""
+    if fmt == "avro":
+        import fastavro
+
+        schema = _bench_avro_schema()
+        parsed, writer = fastavro.parse_schema(schema), fastavro.schemaless_writer
+
+        def avro(event: dict[str, Any]) -> bytes:
+            out = io.BytesIO()
+            writer(out, parsed, event)
+            return out.getvalue()
+        return json.dumps(schema), "AVRO", avro
+    if fmt == "json_schema":
+        from dpone_dagster.schema import json_schema
+
+        compact = (",", ":")
+        return json.dumps(json_schema.spark_to_json_schema(_bench_struct(), "bench.orders")), "JSON", lambda e: json.dumps(e, separators=compact).encode()
+    from bench.orders_pb2 import Order
+    from dpone_dagster.schema.protobuf import schema_string
+
+    return schema_string(Order), "PROTOBUF", lambda e: Order(**{k: v for k, v in e.items() if v is not None}).SerializeToString()
 
 
 def hand_loop(bootstrap: str, src: str, dst: str, encode: Encode) -> tuple[int, float, int]:
@@ -288,7 +323,7 @@ def run_routes(
         route_src = src
         if route in SOURCE_FORMATS:
             log(f"{route}: copying the events as {SOURCE_FORMATS[route]} (untimed)")
-            route_src = avro_copy(bootstrap, src, registry_url, partitions)
+            route_src = registry_copy(bootstrap, src, registry_url, partitions, SOURCE_FORMATS[route])
         if spark is None and route in SQL_ROUTES:
             log("starting Spark (with the PostgreSQL JDBC driver)")
             spark, _ = sql2k.start_spark_with_jdbc()
