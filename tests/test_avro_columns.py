@@ -225,6 +225,24 @@ def test_arrays_in_several_blocks_are_read_as_the_record_decoder_reads_them():
     assert columns[0].to_pylist() == [["a", "b", "c"], []] and columns[1].to_pylist() == [1, 2]
 
 
+@pytest.mark.parametrize(
+    "fields, body",
+    [
+        pytest.param([{"name": "a", "type": ["long"]}, {"name": "b", "type": "long"}], b"\x00\x2a\x0a", id="a union of one type"),
+        pytest.param([{"name": "a", "type": ["null"]}, {"name": "b", "type": "long"}], b"\x00\x0a", id="a union of null alone"),
+        pytest.param([{"name": "e", "type": {"type": "record", "name": "E", "fields": []}}, {"name": "b", "type": "long"}], b"\x0a", id="a record without fields"),
+        pytest.param([{"name": "e", "type": {"type": "array", "items": {"type": "record", "name": "E", "fields": []}}}], b"\x04\x00", id="an array of records without fields"),
+    ],
+)
+def test_schemas_of_few_fields_read_as_the_record_decoder_reads_them(fields, body):
+    record = {"type": "record", "name": "R", "fields": fields}
+    payload = registry_source.arrow_schema(avro_to_spark(record))
+    plan = RegistryPlan("avro", {SCHEMA_ID: ("AVRO", json.dumps(record))}, None, avro_to_spark(record))
+    values = pa.array([FRAME + body, FRAME + body], pa.binary())
+    columns = _reader_of(fields).decode(values)
+    assert columns is not None and same(columns, record_path(plan, values, payload))
+
+
 def test_uncovered_schemas_have_no_column_reader():
     record = {"type": "record", "name": "R", "fields": [{"name": "tags", "type": {"type": "map", "values": "string"}}]}
     payload = registry_source.arrow_schema(avro_to_spark(record))
@@ -232,6 +250,8 @@ def test_uncovered_schemas_have_no_column_reader():
     decimal = {"type": "record", "name": "R", "fields": [{"name": "d", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}}]}
     rescaled = pa.schema([pa.field("d", pa.decimal128(9, 3))])  # the record decoder rounds to the column's scale
     assert avro_columns.reader(1, json.dumps(decimal), rescaled) is None
+    widened = pa.schema([pa.field("d", pa.decimal128(12, 2))])  # fastavro rounds to the writer's precision
+    assert avro_columns.reader(1, json.dumps(decimal), widened) is None
     string_to_long = {"type": "record", "name": "R", "fields": [{"name": "x", "type": "string"}]}
     long_payload = pa.schema([pa.field("x", pa.int64())])
     assert avro_columns.reader(1, json.dumps(string_to_long), long_payload) is None
@@ -257,6 +277,10 @@ def _reader_of(fields: list[dict], payload: pa.Schema | None = None) -> avro_col
         pytest.param([{"name": "a", "type": {"type": "array", "items": "long"}}], None, b"\x82\x04" + b"\x00" * 257 + b"\x00", id="an array block of 257 items"),
         pytest.param([{"name": "d", "type": {"type": "bytes", "logicalType": "decimal", "precision": 4, "scale": 1}}], None, b"\x04\x27\x10", id="a decimal beyond its precision"),
         pytest.param([{"name": "d", "type": {"type": "bytes", "logicalType": "decimal", "precision": 38, "scale": 0}}], None, b"\x22" + b"\x01" * 17, id="a decimal of 17 bytes"),
+        pytest.param([{"name": "a", "type": {"type": "array", "items": "long"}}, {"name": "n", "type": "long"}], None, b'\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01' + b"\x00\x0a", id="an array block count of -2**63"),
+        pytest.param([{"name": "a", "type": {"type": "array", "items": "long"}}], None, b"\x02\x02" * 65 + b"\x00", id="an array of 65 blocks"),
+        pytest.param([{"name": "b", "type": "bytes"}], None, b'\xf0\xff\xff\xff\xff\xff\xff\xff\xff\x01' + b"abc", id="a length near 2**63"),
+        pytest.param([{"name": "d", "type": {"type": "bytes", "logicalType": "decimal", "precision": 4, "scale": 0}}, {"name": "n", "type": "long"}], pa.schema([pa.field("n", pa.int64())]), b'\xfe\xff\xff\xff\xff\xff\xff\xff\xff\x01' + b"\x02", id="a skipped decimal of length 2**63-1"),
     ],
 )
 def test_values_the_column_reader_leaves_to_the_record_decoder(fields, payload, body):

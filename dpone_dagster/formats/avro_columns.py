@@ -59,6 +59,12 @@ class _Cursor:
             raise _Inexact("a value runs past its record")
         self.pos = to
 
+    def skip(self, lengths: np.ndarray) -> None:
+        """Past `lengths` bytes at each position (read from the data: compared before adding)."""
+        if lengths.size and bool(((lengths < 0) | (lengths > self.end - self.pos)).any()):
+            raise _Inexact("a length beyond its record")
+        self.pos = self.pos + lengths
+
 
 # A field reader: the values at the cursor's positions (one per record), advancing it.
 _Read = Callable[[_Cursor], pa.Array]
@@ -163,16 +169,18 @@ def _expect(target: pa.DataType | None, *covered: pa.DataType) -> None:
 
 def _union(branches: list[Any], target: pa.DataType | None) -> _Read:
     kinds = [b.get("type") if isinstance(b, Mapping) else b for b in branches]
-    if len(branches) == 1:
-        return _node(branches[0], target)
-    if len(branches) != 2 or "null" not in kinds:
+    if len(branches) == 1:  # its branch index (0) is written all the same
+        null_index = 1 if kinds[0] != "null" else 0
+        inner = _node(branches[0], target)
+    elif len(branches) == 2 and "null" in kinds:
+        null_index = kinds.index("null")
+        inner = _node(branches[1 - null_index], target)
+    else:
         raise _Uncovered("a union of more than null and one type")
-    null_index = kinds.index("null")
-    inner = _node(branches[1 - null_index], target)
 
     def read(cursor: _Cursor) -> pa.Array:
         index, after = _varints(cursor)
-        if bool(((index != 0) & (index != 1)).any()):
+        if bool(((index < 0) | (index >= len(branches))).any()):
             raise _Inexact("a union branch beyond the schema")
         cursor.advance(after)
         present = np.flatnonzero(index != null_index)
@@ -192,6 +200,8 @@ def _struct(node: Mapping[str, Any], target: pa.DataType | None) -> _Read:
         rows = cursor.pos.size
         if target is None:  # read for the bytes it takes; the payload has no such column
             return pa.nulls(rows)
+        if not target.num_fields:  # a record without fields: from_arrays would give no rows
+            return pa.array([{}] * rows, target)
         children = [read_values[f.name] if f.name in read_values else pa.nulls(rows, f.type) for f in target]
         return pa.StructArray.from_arrays(children, fields=list(target))
 
@@ -258,7 +268,8 @@ def _floating(width: int) -> Callable[[pa.DataType | None], _Read]:
             raw = cursor.data[cursor.pos[:, None] + np.arange(width)]
             cursor.advance(cursor.pos + width)
             values = np.ascontiguousarray(raw).view(dtype).reshape(-1)
-            return pa.array(values.astype(out.to_pandas_dtype()), out)
+            with np.errstate(invalid="ignore"):  # a signalling NaN widened to a double stays a NaN
+                return pa.array(values.astype(out.to_pandas_dtype()), out)
 
         return read
 
@@ -332,7 +343,7 @@ def _gather(cursor: _Cursor, lengths: np.ndarray, kind: pa.DataType) -> pa.Array
 def _bytes_at(cursor: _Cursor, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The `lengths` bytes at each position, joined, and where each starts; advances past them."""
     starts = cursor.pos
-    cursor.advance(starts + lengths)
+    cursor.skip(lengths)
     offsets = np.zeros(lengths.size + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     index = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
@@ -341,11 +352,12 @@ def _bytes_at(cursor: _Cursor, lengths: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 def _decimal(node: Mapping[str, Any], target: pa.DataType | None) -> _Read:
     """Avro's decimal (big-endian two's complement bytes, the writer's scale) as Arrow's decimal128:
-    exact when the payload's column has the writer's scale (the record decoder rounds to the
-    column's scale otherwise); a value beyond the column's precision is refused."""
-    scale = int(node.get("scale", 0))
-    if target is not None and not (pa.types.is_decimal128(target) and target.scale == scale):
-        raise _Uncovered("a decimal into another scale")
+    exact when the payload's column has the writer's scale and at most its precision (the record
+    decoder rounds otherwise); a value beyond the column's precision is refused."""
+    scale, precision = int(node.get("scale", 0)), int(node["precision"])
+    # fastavro rounds a value to the writer's precision: a wider column would show the difference.
+    if target is not None and not (pa.types.is_decimal128(target) and target.scale == scale and target.precision <= precision):
+        raise _Uncovered("a decimal into another scale or a wider precision")
     size = int(node["size"]) if node.get("type") == "fixed" else None
 
     def read(cursor: _Cursor) -> pa.Array:
@@ -357,7 +369,7 @@ def _decimal(node: Mapping[str, Any], target: pa.DataType | None) -> _Read:
         else:
             lengths = np.full(cursor.pos.size, size, np.int64)
         if target is None:  # a field the payload lacks: the record decoder reads any width and drops it
-            cursor.advance(cursor.pos + lengths)
+            cursor.skip(lengths)
             return pa.nulls(lengths.size)
         if bool((lengths > 16).any()):
             raise _Inexact("a decimal wider than 16 bytes")
@@ -380,9 +392,10 @@ def _decimal(node: Mapping[str, Any], target: pa.DataType | None) -> _Read:
     return read
 
 
-# Items of one array block read one position at a time (a row's items follow one another); past
-# this, a batch is cheaper record by record.
+# Items of one array block are read one position at a time, and blocks one at a time (a row's
+# items follow one another); past these, a batch is cheaper record by record.
 MAX_BLOCK_ITEMS = 256
+MAX_BLOCKS = 64
 
 
 def _array(items: Mapping[str, Any] | str | list, target: pa.DataType | None) -> _Read:
@@ -399,6 +412,7 @@ def _array(items: Mapping[str, Any] | str | list, target: pa.DataType | None) ->
         owners: list[np.ndarray] = []  # the row of each item read, in the order read
         values: list[pa.Array] = []
         active = np.arange(rows)
+        blocks = 0
         while active.size:
             block = cursor.at(active)
             count, after = _varints(block)
@@ -410,8 +424,11 @@ def _array(items: Mapping[str, Any] | str | list, target: pa.DataType | None) ->
                 block.pos[sized] = after
                 block.advance(block.pos)
                 count = np.abs(count)
-            if bool((count > MAX_BLOCK_ITEMS).any()):
+            if bool(((count < 0) | (count > MAX_BLOCK_ITEMS)).any()):  # abs(-2**63) stays negative
                 raise _Inexact(f"an array block of more than {MAX_BLOCK_ITEMS} items")
+            blocks += 1
+            if blocks > MAX_BLOCKS:
+                raise _Inexact(f"an array of more than {MAX_BLOCKS} blocks")
             for nth in range(int(count.max()) if count.size else 0):
                 reading = np.flatnonzero(count > nth)
                 at = block.at(reading)

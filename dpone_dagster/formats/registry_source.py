@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.types import StructType
@@ -52,12 +53,14 @@ def arrow_schema(payload: StructType) -> pa.Schema | None:
 def decode_values(plan: RegistryPlan, raw: pa.RecordBatch, schema: pa.Schema) -> list[pa.Array]:
     """One array per field of `schema` (the payload's Arrow schema), aligned with the batch's
     values; a null value (a tombstone) gives nulls. Avro values of one schema are read column by
-    column (formats/avro_columns.py) when it reads them exactly as the record decoder would."""
+    column (formats/avro_columns.py), JSON Schema values of flat payloads by Arrow's JSON reader,
+    when they read them exactly as the record decoder would; other batches record by record."""
+    columns = None
     if plan.fmt == "avro":
         columns = _avro_columns(plan, raw.column("value"), schema)
-        if columns is not None:
-            return columns
-    return decode_records(plan, raw, schema)
+    elif plan.fmt == "json_schema":
+        columns = _json_columns(plan, raw.column("value"), schema)
+    return columns if columns is not None else decode_records(plan, raw, schema)
 
 
 def decode_records(plan: RegistryPlan, raw: pa.RecordBatch, schema: pa.Schema) -> list[pa.Array]:
@@ -94,6 +97,48 @@ def _avro_columns(plan: RegistryPlan, values: pa.Array, schema: pa.Schema) -> li
         _column_readers[key] = avro_columns.reader(schema_id, registered[1], schema)
     reader = _column_readers[key]
     return reader.decode(values) if reader is not None else None
+
+
+# Payload types Arrow's JSON reader yields exactly as the record decoder (json.loads, then
+# schema/values.to_spark_value) does, where it reads a value at all: it refuses what the record
+# decoder converts (1.0 for an integer, a number for a string), and parses doubles correctly rounded.
+_JSON_TYPES = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.bool_())
+
+
+def _json_columns(plan: RegistryPlan, values: pa.Array, schema: pa.Schema) -> list[pa.Array] | None:
+    """JSON Schema values read by Arrow's JSON reader (spark/arrow_json.py, one object per value),
+    or None: a payload of other types, a value not framed with a JSON schema of the subject, or a
+    batch the reader does not read as the record decoder would."""
+    from dpone_dagster.spark import arrow_json
+
+    if any(field.type not in _JSON_TYPES for field in schema) or not _framed(values, plan, "JSON"):
+        return None
+    # An explicit stop: binary_slice without one fails on some sliced arrays (pyarrow 26).
+    columns = arrow_json.decode_values(pc.binary_slice(values, 5, (1 << 31) - 1), schema)
+    if columns is None:
+        return None
+    for column in columns:  # json.loads reads -0 as the integer 0, Arrow as the double -0.0
+        if column.type == pa.float64() and _has_negative_zero(column):
+            return None
+    return columns
+
+
+def _has_negative_zero(column: pa.Array) -> bool:
+    doubles = column.fill_null(1.0).to_numpy(zero_copy_only=False)
+    return bool(((doubles == 0.0) & np.signbit(doubles)).any())
+
+
+def _framed(values: pa.Array, plan: RegistryPlan, schema_type: str) -> bool:
+    """Every non-null value framed (magic byte 0, then a schema id) with a schema of `schema_type`
+    the plan holds."""
+    present = values.drop_null() if values.null_count else values
+    if not len(present):
+        return True
+    if not pc.all(pc.greater_equal(pc.binary_length(present), 5)).as_py():
+        return False
+    if not pc.all(pc.equal(pc.binary_slice(present, 0, 1), pa.scalar(b"\x00", present.type))).as_py():
+        return False
+    return all(plan.schemas.get(i, ("", ""))[0].upper() == schema_type for i in schema_ids(present))
 
 
 def _decoder(plan: RegistryPlan) -> Any:
