@@ -10,6 +10,7 @@ import random
 
 import pyarrow as pa
 import pytest
+from test_avro_columns import record_path, same  # the record decoder's output, compared exactly
 
 from dpone_dagster.formats import registry_source
 from dpone_dagster.sources.kafka import RegistryPlan
@@ -71,19 +72,6 @@ def framed(rng: random.Random, payload: bytes, odd: bool) -> bytes:
     if odd and rng.random() < 0.05:
         frame = rng.choice([b"\x01" + frame[1:], b"\x00" + (SCHEMA_ID + 1).to_bytes(4, "big"), b"\x00\x00"])
     return frame + payload
-
-
-def record_path(plan: RegistryPlan, values: pa.Array, schema: pa.Schema) -> list[pa.Array] | None:
-    raw = pa.RecordBatch.from_arrays([values, pa.array(range(len(values))), pa.array([0] * len(values))], ["value", "offset", "partition"])
-    try:
-        return registry_source.decode_records(plan, raw, schema)
-    except registry_source.Undecodable:
-        return None
-
-
-def same(left: list[pa.Array], right: list[pa.Array]) -> bool:
-    """Equal values (repr: a NaN equals a NaN, -0.0 differs from 0.0) of equal types."""
-    return all(a.type == b.type and repr(a.to_pylist()) == repr(b.to_pylist()) for a, b in zip(left, right, strict=True))
 
 
 @pytest.mark.parametrize("seed", range(60))
