@@ -1,7 +1,8 @@
 """Registry-framed source values (avro, json_schema, protobuf) decoded into Arrow columns in the
 direct path's tasks, with the schemas the driver fetched (sources/kafka.RegistryPlan): the same
 decoder as the Spark SQL path (spark/registry_codec.RecordDecoder), without the JVM; Avro batches
-of one writer schema column by column (formats/avro_columns.py), with the same result.
+of one writer schema column by column (formats/avro_columns.py) and JSON Schema batches of flat
+payloads by Arrow's JSON reader, where they give the same result.
 
 A value the decoder cannot read (a wrong magic byte, an id not in the subject, a payload that
 does not decode or fit) raises Undecodable: the batch then takes the Spark SQL path, whose bad-record
