@@ -28,42 +28,26 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dpone_dagster.formats.byte_columns import Cursor as _Cursor
+from dpone_dagster.formats.byte_columns import Inexact as _Inexact
+from dpone_dagster.formats.byte_columns import (
+    batch_cursor,
+    bytes_at,
+    gather,
+    raw_varints,
+    schema_ids,
+    spread,
+    zigzag,
+)
+
 # datetime's range, years 1 to 9999 (fastavro's conversions raise outside it).
 _MIN_US, _END_US = -62_135_596_800_000_000, 253_402_300_800_000_000
 _MIN_DAY, _MAX_DAY = -719_162, 2_932_896
-_PAD = 16  # zero bytes after the data: a varint or a double read at a value's end stays in range
 _FRAME = 5  # magic byte and schema id in front of every value
-
-
-class _Inexact(Exception):
-    """A value the column reader would not read exactly as the record decoder does."""
 
 
 class _Uncovered(Exception):
     """A schema, or a schema type against a payload type, the column reader does not cover."""
-
-
-@dataclass
-class _Cursor:
-    """The batch's bytes and, per record still read, where it is and where its value ends."""
-
-    data: np.ndarray
-    pos: np.ndarray
-    end: np.ndarray
-
-    def at(self, rows: np.ndarray) -> _Cursor:
-        return _Cursor(self.data, self.pos[rows], self.end[rows])
-
-    def advance(self, to: np.ndarray) -> None:
-        if to.size and bool((to > self.end).any()):
-            raise _Inexact("a value runs past its record")
-        self.pos = to
-
-    def skip(self, lengths: np.ndarray) -> None:
-        """Past `lengths` bytes at each position (read from the data: compared before adding)."""
-        if lengths.size and bool(((lengths < 0) | (lengths > self.end - self.pos)).any()):
-            raise _Inexact("a length beyond its record")
-        self.pos = self.pos + lengths
 
 
 # A field reader: the values at the cursor's positions (one per record), advancing it.
@@ -82,23 +66,17 @@ class Reader:
         """One array per payload field, aligned with `values` (registry-framed binary values); a null
         value (a tombstone) gives nulls. None: a value the record decoder must judge (a frame
         without this reader's schema id among them)."""
-        values = values.cast(pa.binary()) if values.type != pa.binary() else values
-        live = np.flatnonzero(values.is_valid().to_numpy(zero_copy_only=False))
-        offsets = np.frombuffer(values.buffers()[1], np.int32)[values.offset : values.offset + len(values) + 1]
-        data = np.frombuffer(values.buffers()[2], np.uint8) if values.buffers()[2] is not None else np.empty(0, np.uint8)
-        padded = np.concatenate([data[: offsets[-1]], np.zeros(_PAD, np.uint8)])
-        cursor = _Cursor(padded, offsets[live].astype(np.int64) + _FRAME, offsets[live + 1].astype(np.int64))
-        if live.size and bool((cursor.pos > cursor.end).any()):
+        batch = batch_cursor(values, _FRAME)
+        if batch is None:
             return None
-        frames = padded[offsets[live][:, None] + np.arange(_FRAME)].astype(np.uint32)
-        ids = (frames[:, 1] << 24) | (frames[:, 2] << 16) | (frames[:, 3] << 8) | frames[:, 4]
-        if bool((frames[:, 0] != 0).any()) or bool((ids != self.schema_id).any()):
+        cursor, live, headers = batch
+        if bool((headers[:, 0] != 0).any()) or bool((schema_ids(headers) != self.schema_id).any()):
             return None
         try:
             read = {name: read(cursor) for name, read in self.fields}
         except _Inexact:
             return None
-        rows = None if live.size == len(values) else _spread(live, len(values))
+        rows = None if live.size == len(values) else spread(live, len(values))
         return [
             (read[field.name] if rows is None else pc.take(read[field.name], rows)) if field.name in read else pa.nulls(len(values), field.type)
             for field in self.schema
@@ -187,7 +165,7 @@ def _union(branches: list[Any], target: pa.DataType | None) -> _Read:
         sub = cursor.at(present)
         values = inner(sub)
         cursor.pos[present] = sub.pos
-        return values if present.size == index.size else pc.take(values, _spread(present, index.size))
+        return values if present.size == index.size else pc.take(values, spread(present, index.size))
 
     return read
 
@@ -305,7 +283,7 @@ def _sized(text: bool) -> Callable[[pa.DataType | None], _Read]:
             if bool((lengths < 0).any()):
                 raise _Inexact("a negative length")
             cursor.advance(after)
-            return _gather(cursor, lengths, kind)
+            return gather(cursor, lengths, kind)
 
         return read
 
@@ -313,7 +291,7 @@ def _sized(text: bool) -> Callable[[pa.DataType | None], _Read]:
 
 
 def _fixed(size: int) -> _Read:
-    return lambda cursor: _gather(cursor, np.full(cursor.pos.size, size, np.int64), pa.binary())
+    return lambda cursor: gather(cursor, np.full(cursor.pos.size, size, np.int64), pa.binary())
 
 
 def _enum(symbols: list[str]) -> _Read:
@@ -325,29 +303,6 @@ def _enum(symbols: list[str]) -> _Read:
         return table.take(pa.array(index))
 
     return read
-
-
-def _gather(cursor: _Cursor, lengths: np.ndarray, kind: pa.DataType) -> pa.Array:
-    """The `lengths` bytes at each position as one string or binary array, advancing past them."""
-    data, offsets = _bytes_at(cursor, lengths)
-    if offsets[-1] >= 1 << 31:
-        raise _Inexact("more than 2 GiB of values in a batch")
-    array = pa.Array.from_buffers(kind, lengths.size, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
-    try:
-        array.validate(full=True)  # a string must be UTF-8, as the record decoder requires
-    except pa.ArrowInvalid as exc:
-        raise _Inexact(str(exc)) from None
-    return array
-
-
-def _bytes_at(cursor: _Cursor, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The `lengths` bytes at each position, joined, and where each starts; advances past them."""
-    starts = cursor.pos
-    cursor.skip(lengths)
-    offsets = np.zeros(lengths.size + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    index = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
-    return cursor.data[index], offsets
 
 
 def _decimal(node: Mapping[str, Any], target: pa.DataType | None) -> _Read:
@@ -373,7 +328,7 @@ def _decimal(node: Mapping[str, Any], target: pa.DataType | None) -> _Read:
             return pa.nulls(lengths.size)
         if bool((lengths > 16).any()):
             raise _Inexact("a decimal wider than 16 bytes")
-        data, offsets = _bytes_at(cursor, lengths)
+        data, offsets = bytes_at(cursor, lengths)
         rows = lengths.size
         little = np.zeros((rows, 16), np.uint8)  # decimal128: 16 bytes, little-endian
         row = np.repeat(np.arange(rows), lengths)
@@ -464,37 +419,13 @@ _SCALARS: dict[str, Callable[[pa.DataType | None], _Read]] = {
 }
 
 
+def _varints(cursor: _Cursor) -> tuple[np.ndarray, np.ndarray]:
+    """Avro's zigzag varints at the cursor (int64) and the positions after them (not advanced)."""
+    raw, after = raw_varints(cursor)
+    return zigzag(raw), after
+
+
 def _long(cursor: _Cursor) -> np.ndarray:
     values, after = _varints(cursor)
     cursor.advance(after)
     return values
-
-
-def _varints(cursor: _Cursor) -> tuple[np.ndarray, np.ndarray]:
-    """The zigzag varints at the cursor (int64) and the positions after them (not advanced)."""
-    data, pos = cursor.data, cursor.pos
-    byte = data[pos]
-    raw = (byte & 0x7F).astype(np.uint64)
-    length = np.ones(pos.size, np.int64)
-    more = np.flatnonzero(byte & 0x80)
-    shift = 7
-    while more.size:
-        if bool((pos[more] + length[more] > cursor.end[more]).any()):
-            raise _Inexact("a varint runs past its record")
-        byte = data[pos[more] + length[more]]
-        bits = (byte & 0x7F).astype(np.uint64)
-        if shift == 63 and bool((bits > 1).any()) or shift > 63:
-            raise _Inexact("a varint wider than 64 bits")
-        raw[more] |= bits << np.uint64(shift)
-        length[more] += 1
-        more = more[(byte & 0x80) != 0]
-        shift += 7
-    values = (raw >> np.uint64(1)).astype(np.int64) ^ -(raw & np.uint64(1)).astype(np.int64)
-    return values, pos + length
-
-
-def _spread(rows: np.ndarray, size: int) -> pa.Array:
-    """Take indices placing the values read for `rows` at those rows of `size`, nulls elsewhere."""
-    index = np.full(size, -1, np.int64)
-    index[rows] = np.arange(rows.size)
-    return pa.array(index, mask=index < 0)
