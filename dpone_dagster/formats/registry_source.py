@@ -1,8 +1,9 @@
 """Registry-framed source values (avro, json_schema, protobuf) decoded into Arrow columns in the
 direct path's tasks, with the schemas the driver fetched (sources/kafka.RegistryPlan): the same
 decoder as the Spark SQL path (spark/registry_codec.RecordDecoder), without the JVM; Avro batches
-of one writer schema column by column (formats/avro_columns.py) and JSON Schema batches of flat
-payloads by Arrow's JSON reader, where they give the same result.
+of one writer schema column by column (formats/avro_columns.py), protobuf batches of flat messages
+likewise (formats/protobuf_columns.py) and JSON Schema batches of flat payloads by Arrow's JSON
+reader, where they give the same result.
 
 A value the decoder cannot read (a wrong magic byte, an id not in the subject, a payload that
 does not decode or fit) raises Undecodable: the batch then takes the Spark SQL path, whose bad-record
@@ -17,13 +18,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.types import StructType
 
-from dpone_dagster.formats import avro_columns
+from dpone_dagster.formats import avro_columns, protobuf_columns
 
 if TYPE_CHECKING:
     from dpone_dagster.sources.kafka import RegistryPlan
 
 _decoders: dict[Any, Any] = {}  # one decoder per plan in a worker (it keeps the parsed schemas)
-_column_readers: dict[Any, avro_columns.Reader | None] = {}  # one per writer schema and payload in a worker
+_column_readers: dict[Any, avro_columns.Reader | protobuf_columns.Reader | None] = {}  # one per schema and payload in a worker
 
 
 class Undecodable(Exception):
@@ -61,6 +62,8 @@ def decode_values(plan: RegistryPlan, raw: pa.RecordBatch, schema: pa.Schema) ->
         columns = _avro_columns(plan, raw.column("value"), schema)
     elif plan.fmt == "json_schema":
         columns = _json_columns(plan, raw.column("value"), schema)
+    elif plan.fmt == "protobuf":
+        columns = _protobuf_columns(plan, raw.column("value"), schema)
     return columns if columns is not None else decode_records(plan, raw, schema)
 
 
@@ -92,10 +95,34 @@ def _avro_columns(plan: RegistryPlan, values: pa.Array, schema: pa.Schema) -> li
     registered = plan.schemas.get(schema_id)
     if registered is None or registered[0].upper() != "AVRO":
         return None
-    key = (schema_id, registered[1], schema)
+    key = ("avro", schema_id, registered[1], schema)
     if key not in _column_readers:
         _column_readers.clear()
         _column_readers[key] = avro_columns.reader(schema_id, registered[1], schema)
+    reader = _column_readers[key]
+    return reader.decode(values) if reader is not None else None
+
+
+def _protobuf_columns(plan: RegistryPlan, values: pa.Array, schema: pa.Schema) -> list[pa.Array] | None:
+    ids = schema_ids(values)
+    if len(ids) != 1:  # several schemas in one batch: read record by record
+        return None
+    [schema_id] = ids
+    registered = plan.schemas.get(schema_id)
+    if registered is None or registered[0].upper() != "PROTOBUF":
+        return None
+    references = tuple((plan.references or {}).get(schema_id, ()))
+    key = ("protobuf", schema_id, registered[1], references, schema)
+    if key not in _column_readers:
+        from dpone_dagster.schema.protobuf import message_class_from_schema
+
+        _column_readers.clear()
+        try:
+            message = message_class_from_schema(registered[1], [0], references)
+        except Exception:  # noqa: BLE001 - a schema the runtime does not build: the record decoder judges it
+            _column_readers[key] = None
+        else:
+            _column_readers[key] = protobuf_columns.reader(schema_id, message, schema)
     reader = _column_readers[key]
     return reader.decode(values) if reader is not None else None
 
