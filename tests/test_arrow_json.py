@@ -116,3 +116,23 @@ def test_only_types_with_identical_semantics_are_decoded_here():
 def test_escapes_decode_like_json_and_lone_surrogates_go_to_the_jvm():
     assert decode(b'{"status": "\\u00e9\\ud83d\\ude00 \\"q\\" \\/"}')[0]["status"] == 'é😀 "q" /'
     assert decode(b'{"status": "\\ud800"}') is None
+
+
+def test_a_value_nested_too_deep_for_arrows_reader_is_left_to_spark():
+    """Arrow's reader recurses into the nesting of a field beyond the schema: 9,000 levels crash
+    the process. Run in a child process, so that a crash fails this test and not the suite."""
+    import subprocess
+    import sys
+
+    script = (
+        "import pyarrow as pa\n"
+        "from dpone_dagster.spark import arrow_json\n"
+        "deep = b'{\"a\": 1, \"z\": ' + b'[' * 20000 + b']' * 20000 + b'}'\n"
+        "shallow = b'{\"a\": 2, \"z\": ' + b'[' * 100 + b']' * 100 + b'}'\n"
+        "schema = pa.schema([pa.field('a', pa.int64())])\n"
+        "print(arrow_json.decode_values(pa.array([b'{\"a\": 0}', deep], pa.binary()), schema))\n"
+        "print(arrow_json.decode_values(pa.array([shallow], pa.binary()), schema) is None)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["None", "True"]  # the shallow drift is refused as drift, without a crash

@@ -101,6 +101,7 @@ def test_the_json_reader_reads_what_the_record_decoder_reads(seed):
 ODD = [
     "-0", "-0.0", "1.0", "1e2", "NaN", "Infinity", "-Infinity", "1e400", '"5"', "5", "true", "{}", "[1]", '{"a": 1}',
     '"\\ud800"', '"\\ud83d\\ude00"', "99999999999999999999", "2147483648", '"\\u0000"', "0.1", "null",
+    "Inf", "-Inf", "-NaN", "1" + "0" * 400, "-" + "1" * 309,
 ]
 
 
@@ -122,6 +123,15 @@ def test_values_framed_with_another_schema_are_read_record_by_record(registered)
     schema = pa.schema([pa.field("y", pa.int64())])
     plan = RegistryPlan("json_schema", {SCHEMA_ID + 1: ("JSON", "{}"), **registered}, None, spark_struct(schema))
     values = pa.array([b"\x00" + (SCHEMA_ID + 1).to_bytes(4, "big") + b'{"y": 1}', b"\x00" + SCHEMA_ID.to_bytes(4, "big") + b'{"y": 2}'], pa.binary())
+    assert registry_source._json_columns(plan, values, schema) is None
+
+
+@pytest.mark.parametrize("schema_text", ["true", "not json", "[]"])
+def test_a_schema_the_record_decoder_cannot_read_with_leaves_the_batch_to_it(schema_text):
+    schema = pa.schema([pa.field("y", pa.int64())])
+    plan = RegistryPlan("json_schema", {SCHEMA_ID: ("JSON", schema_text)}, None, spark_struct(schema))
+    values = pa.array([b"\x00" + SCHEMA_ID.to_bytes(4, "big") + b'{"y": 1}'], pa.binary())
+    assert record_path(plan, values, schema) is None
     assert registry_source._json_columns(plan, values, schema) is None
 
 

@@ -145,15 +145,17 @@ def _json_columns(plan: RegistryPlan, values: pa.Array, schema: pa.Schema) -> li
     columns = arrow_json.decode_values(pc.binary_slice(values, 5, (1 << 31) - 1), schema)
     if columns is None:
         return None
-    for column in columns:  # json.loads reads -0 as the integer 0, Arrow as the double -0.0
-        if column.type == pa.float64() and _has_negative_zero(column):
+    for column in columns:
+        if column.type == pa.float64() and _differs_in_doubles(column):
             return None
     return columns
 
 
-def _has_negative_zero(column: pa.Array) -> bool:
+def _differs_in_doubles(column: pa.Array) -> bool:
+    """Doubles json.loads may read otherwise: -0 (the integer 0 there), and anything not finite
+    (Arrow reads Inf, -NaN and integers past the double range, which json.loads refuses)."""
     doubles = column.fill_null(1.0).to_numpy(zero_copy_only=False)
-    return bool(((doubles == 0.0) & np.signbit(doubles)).any())
+    return bool(((doubles == 0.0) & np.signbit(doubles)).any() or not np.isfinite(doubles).all())
 
 
 def _framed(values: pa.Array, plan: RegistryPlan, schema_type: str) -> bool:
@@ -166,7 +168,23 @@ def _framed(values: pa.Array, plan: RegistryPlan, schema_type: str) -> bool:
         return False
     if not pc.all(pc.equal(pc.binary_slice(present, 0, 1), pa.scalar(b"\x00", present.type))).as_py():
         return False
-    return all(plan.schemas.get(i, ("", ""))[0].upper() == schema_type for i in schema_ids(present))
+    return all(_readable(plan.schemas.get(i), schema_type) for i in schema_ids(present))
+
+
+def _readable(registered: tuple[str, str] | None, schema_type: str) -> bool:
+    """A registered schema of `schema_type` the record decoder reads values with (a JSON Schema:
+    one whose title it finds)."""
+    if registered is None or registered[0].upper() != schema_type:
+        return False
+    if schema_type != "JSON":
+        return True
+    from dpone_dagster.schema.json_schema import json_schema_title
+
+    try:
+        json_schema_title(registered[1])
+    except Exception:  # noqa: BLE001 - the record decoder refuses every value of such a schema
+        return False
+    return True
 
 
 def _decoder(plan: RegistryPlan) -> Any:

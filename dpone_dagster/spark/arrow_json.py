@@ -105,6 +105,8 @@ def _read(values: pa.Array, schema: pa.Schema) -> pa.Table | None:
     octets = np.frombuffer(buffer, np.uint8)
     if np.count_nonzero(octets == ord("\n")) != n or (octets == ord("\r")).any():
         return None
+    if _deepest(octets) > MAX_OPENINGS:
+        return None
     try:
         table = pa_json.read_json(
             buffer,
@@ -117,6 +119,19 @@ def _read(values: pa.Array, schema: pa.Schema) -> pa.Table | None:
         return None
     # One row per value (a value holding two objects would add rows).
     return table if table.num_rows == n + 1 else None
+
+
+# Arrow's reader recurses into the nesting of fields it infers: a value nested ~9,000 levels deep
+# crashes the process. A value opening more objects and arrays than this (a bound on its depth) is
+# left to Spark.
+MAX_OPENINGS = 4096
+
+
+def _deepest(octets: np.ndarray) -> int:
+    """The most '{' and '[' any line of the joined values holds."""
+    opened = np.cumsum((octets == ord("{")) | (octets == ord("[")), dtype=np.int64)
+    ends = np.concatenate([np.flatnonzero(octets == ord("\n")), [octets.size - 1]])
+    return int(np.diff(opened[ends], prepend=0).max())
 
 
 def _aligned(values: pa.Array, columns: list[pa.Array]) -> list[pa.Array]:
