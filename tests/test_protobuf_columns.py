@@ -71,12 +71,14 @@ def varint(n: int) -> bytes:
 def extra(rng: random.Random, cls) -> bytes:
     """Wire-format additions: unknown fields of every wire type, or a known field again."""
     unknown = 100 + rng.randrange(100)
+    # A known field again: the last one wins (a string twice is left to the runtime, which checks both).
+    again = [f for f in cls.DESCRIPTOR.fields if f.type != _T.TYPE_STRING]
     return rng.choice([
         varint(unknown << 3) + varint(rng.randrange(1 << 40)),
         varint(unknown << 3 | 1) + rng.randbytes(8),
         varint(unknown << 3 | 2) + varint(3) + b"abc",
         varint(unknown << 3 | 5) + rng.randbytes(4),
-        cls(**{cls.DESCRIPTOR.fields[0].name: random_value(rng, cls.DESCRIPTOR.fields[0].type)}).SerializeToString(),  # the last one wins
+        *([cls(**{again[0].name: random_value(rng, again[0].type)}).SerializeToString()] if again else []),
     ])
 
 
@@ -156,6 +158,30 @@ def test_varints_wider_than_the_field_are_cut_as_the_runtime_cuts_them():
     assert expected is not None and columns is not None and same(columns, expected)
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"\x88\x80\x80\x80\x80\x00\x07", id="a tag of 6 bytes"),
+        pytest.param(b"\x12\x02\xff\xfe\x12\x02ok", id="a string twice, the first not UTF-8"),
+    ],
+)
+def test_messages_the_runtime_refuses_are_left_to_it(body):
+    rng = random.Random(5)
+    cls = message_class(rng, [_T.TYPE_INT64, _T.TYPE_STRING])
+    numbers = [f.number for f in cls.DESCRIPTOR.fields]
+    if body.startswith(b"\x88"):  # the tag of the first field, padded to 6 bytes
+        tag = varint(numbers[0] << 3)
+        body = bytes(b | 0x80 for b in tag) + b"\x80" * (5 - len(tag)) + b"\x00" + body[6:]
+    else:
+        body = body.replace(b"\x12", varint(numbers[1] << 3 | 2))
+    struct_type = message_to_spark(cls)
+    payload = registry_source.arrow_schema(struct_type)
+    plan = RegistryPlan("protobuf", {SCHEMA_ID: ("PROTOBUF", schema_string(cls))}, None, struct_type)
+    values = pa.array([HEADER + body], pa.binary())
+    assert record_path(plan, values, payload) is None
+    assert protobuf_columns.reader(SCHEMA_ID, cls, payload).decode(values) is None
+
+
 def test_messages_it_does_not_cover_have_no_column_reader():
     rng = random.Random(3)
     for kind in (_T.TYPE_UINT64, _T.TYPE_FIXED32, _T.TYPE_UINT32, _T.TYPE_SFIXED64):
@@ -163,6 +189,12 @@ def test_messages_it_does_not_cover_have_no_column_reader():
         assert protobuf_columns.reader(SCHEMA_ID, cls, registry_source.arrow_schema(message_to_spark(cls))) is None
     cls = message_class(rng, [_T.TYPE_STRING])
     assert protobuf_columns.reader(SCHEMA_ID, cls, pa.schema([pa.field("f0", pa.int64())])) is None
+    file = descriptor_pb2.FileDescriptorProto(name="extended_row.proto", package="extended_row", syntax="proto2")
+    message = file.message_type.add(name="Row")
+    message.field.add(name="a", number=1, type=_T.TYPE_INT64, label=_T.LABEL_OPTIONAL)
+    message.extension_range.add(start=100, end=200)
+    cls = message_factory.GetMessageClass(descriptor_pool.DescriptorPool().Add(file).message_types_by_name["Row"])
+    assert protobuf_columns.reader(SCHEMA_ID, cls, pa.schema([pa.field("a", pa.int64())])) is None  # extensions
 
 
 def test_a_oneof_has_no_column_reader():

@@ -13,7 +13,7 @@ Covered: messages whose every field is a singular int32, int64, sint32, sint64, 
 float, string or bytes (implicit presence: the type's zero when absent; explicit presence, proto3
 `optional`: null), read in any order, the last of repeated occurrences winning, unknown fields
 skipped. Not covered: repeated fields, maps, messages, enums, unsigned and fixed-width integers,
-oneofs, required fields.
+oneofs, required fields, messages with extension ranges.
 """
 
 from __future__ import annotations
@@ -51,8 +51,10 @@ _TARGETS = {
     _FD.TYPE_DOUBLE: (pa.float64(),), _FD.TYPE_FLOAT: (pa.float32(), pa.float64()),
     _FD.TYPE_STRING: (pa.string(),), _FD.TYPE_BYTES: (pa.binary(),),
 }
-# Fields read per message before a batch is cheaper record by record (each read is a numpy pass).
+# Fields read per message, and different fields at one read, before a batch is cheaper record by
+# record (each is a numpy pass).
 MAX_READS = 256
+MAX_TAGS = 64
 
 
 @dataclass(frozen=True)
@@ -104,10 +106,15 @@ class Reader:
                 break
             at = cursor.at(active)
             tag, after = raw_varints(at)
+            if bool((after - at.pos > 5).any()):
+                raise Inexact("a tag longer than 5 bytes")  # the runtime refuses them
             at.advance(after)
             if bool(((tag >> np.uint64(3)) == 0).any() or (tag >= np.uint64(1 << 32)).any()):
                 raise Inexact("a field number of 0 or beyond 2**29")
-            for kind in np.unique(tag):
+            kinds = np.unique(tag)
+            if kinds.size > MAX_TAGS:
+                raise Inexact(f"more than {MAX_TAGS} different fields at one read")
+            for kind in kinds:
                 chosen = np.flatnonzero(tag == kind)
                 field_number, field_wire = int(kind) >> 3, int(kind) & 7
                 one = at.at(chosen)
@@ -119,6 +126,8 @@ class Reader:
                 if field_wire != _WIRE[field.kind]:
                     raise Inexact(f"field {field_number} with wire type {field_wire}")
                 target_rows = active[chosen]
+                if field.kind == _FD.TYPE_STRING and bool(seen[field_number][target_rows].any()):
+                    raise Inexact("a string field twice in a message")  # the runtime checks each one's UTF-8
                 seen[field_number][target_rows] = True
                 if field_number in runs:
                     starts, lengths = runs[field_number]
@@ -195,8 +204,10 @@ def reader(schema_id: int, message_class: Any, payload: pa.Schema) -> Reader | N
     messages of `message_class`, for the payload's Arrow schema; None when not covered."""
     targets = {f.name: f.type for f in payload}
     fields: dict[int, _Field] = {}
+    if message_class.DESCRIPTOR.extension_ranges:
+        return None  # extensions: the runtime parses (and checks) those it knows
     for field in message_class.DESCRIPTOR.fields:
-        if field.type not in _WIRE or field.label != _FD.LABEL_OPTIONAL:
+        if field.type not in _WIRE or field.is_repeated or field.is_required:
             return None  # repeated, required, a message, an enum, an unsigned or fixed-width integer
         if field.containing_oneof is not None and len(field.containing_oneof.fields) > 1:
             return None  # a oneof: a later member clears an earlier one

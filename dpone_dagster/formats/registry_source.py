@@ -118,11 +118,9 @@ def _protobuf_columns(plan: RegistryPlan, values: pa.Array, schema: pa.Schema) -
 
         _column_readers.clear()
         try:
-            message = message_class_from_schema(registered[1], [0], references)
+            _column_readers[key] = protobuf_columns.reader(schema_id, message_class_from_schema(registered[1], [0], references), schema)
         except Exception:  # noqa: BLE001 - a schema the runtime does not build: the record decoder judges it
             _column_readers[key] = None
-        else:
-            _column_readers[key] = protobuf_columns.reader(schema_id, message, schema)
     reader = _column_readers[key]
     return reader.decode(values) if reader is not None else None
 
