@@ -34,6 +34,7 @@ from dpone_dagster.formats.byte_columns import (
     batch_cursor,
     bytes_at,
     gather,
+    payload_columns,
     raw_varints,
     schema_ids,
     spread,
@@ -76,11 +77,7 @@ class Reader:
             read = {name: read(cursor) for name, read in self.fields}
         except _Inexact:
             return None
-        rows = None if live.size == len(values) else spread(live, len(values))
-        return [
-            (read[field.name] if rows is None else pc.take(read[field.name], rows)) if field.name in read else pa.nulls(len(values), field.type)
-            for field in self.schema
-        ]
+        return payload_columns(read, self.schema, live, len(values))
 
 
 def reader(schema_id: int, writer_schema: str, payload: pa.Schema) -> Reader | None:
@@ -279,11 +276,7 @@ def _sized(text: bool) -> Callable[[pa.DataType | None], _Read]:
         _expect(target, kind)
 
         def read(cursor: _Cursor) -> pa.Array:
-            lengths, after = _varints(cursor)
-            if bool((lengths < 0).any()):
-                raise _Inexact("a negative length")
-            cursor.advance(after)
-            return gather(cursor, lengths, kind)
+            return gather(cursor, _long(cursor), kind)  # a negative length is refused by the cursor
 
         return read
 
@@ -316,13 +309,8 @@ def _decimal(node: Mapping[str, Any], target: pa.DataType | None) -> _Read:
     size = int(node["size"]) if node.get("type") == "fixed" else None
 
     def read(cursor: _Cursor) -> pa.Array:
-        if size is None:
-            lengths, after = _varints(cursor)
-            if bool((lengths < 0).any()):
-                raise _Inexact("a negative length")
-            cursor.advance(after)
-        else:
-            lengths = np.full(cursor.pos.size, size, np.int64)
+        # A negative length is refused by the cursor (skip, bytes_at).
+        lengths = _long(cursor) if size is None else np.full(cursor.pos.size, size, np.int64)
         if target is None:  # a field the payload lacks: the record decoder reads any width and drops it
             cursor.skip(lengths)
             return pa.nulls(lengths.size)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 PAD = 16  # zero bytes after the data: a varint or a double read at a value's end stays in range
 
@@ -111,6 +112,16 @@ def gather(cursor: Cursor, lengths: np.ndarray, kind: pa.DataType) -> pa.Array:
     except pa.ArrowInvalid as exc:
         raise Inexact(str(exc)) from None
     return array
+
+
+def payload_columns(read: dict[str, pa.Array], schema: pa.Schema, live: np.ndarray, size: int) -> list[pa.Array]:
+    """One array per payload field of `size` rows: the columns `read` by name for the `live` rows
+    (nulls at the others: tombstones), nulls for a field nothing was read for."""
+    rows = None if live.size == size else spread(live, size)
+    return [
+        (read[f.name] if rows is None else pc.take(read[f.name], rows)) if f.name in read else pa.nulls(size, f.type)
+        for f in schema
+    ]
 
 
 def spread(rows: np.ndarray, size: int) -> pa.Array:

@@ -31,9 +31,10 @@ from dpone_dagster.formats.byte_columns import (
     Inexact,
     batch_cursor,
     gather,
+    payload_columns,
     raw_varints,
     schema_ids,
-    spread,
+    zigzag,
 )
 
 _FD = FieldDescriptor
@@ -86,12 +87,8 @@ class Reader:
             read = self._read(cursor)
         except Inexact:
             return None
-        rows = None if live.size == len(values) else spread(live, len(values))
         by_name = {field.name: read[number] for number, field in self.fields.items() if field.target is not None}
-        return [
-            (by_name[f.name] if rows is None else pc.take(by_name[f.name], rows)) if f.name in by_name else pa.nulls(len(values), f.type)
-            for f in self.schema
-        ]
+        return payload_columns(by_name, self.schema, live, len(values))
 
     def _read(self, cursor: Cursor) -> dict[int, pa.Array]:
         """Every field's column over the messages at the cursor: tags read one per message at a
@@ -188,10 +185,9 @@ def _numbers(kind: int, raw: np.ndarray) -> np.ndarray:
     if kind == _FD.TYPE_INT32:  # the low 32 bits of the varint
         return (raw & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.int32)
     if kind == _FD.TYPE_SINT64:
-        return (raw >> np.uint64(1)).astype(np.int64) ^ -(raw & np.uint64(1)).astype(np.int64)
-    if kind == _FD.TYPE_SINT32:
-        low = raw & np.uint64(0xFFFFFFFF)
-        return ((low >> np.uint64(1)).astype(np.int64) ^ -(low & np.uint64(1)).astype(np.int64)).astype(np.int32)
+        return zigzag(raw)
+    if kind == _FD.TYPE_SINT32:  # zigzag over the low 32 bits
+        return zigzag(raw & np.uint64(0xFFFFFFFF)).astype(np.int32)
     if kind == _FD.TYPE_BOOL:
         return raw != 0
     if kind == _FD.TYPE_DOUBLE:

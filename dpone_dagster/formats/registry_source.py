@@ -57,13 +57,12 @@ def decode_values(plan: RegistryPlan, raw: pa.RecordBatch, schema: pa.Schema) ->
     values; a null value (a tombstone) gives nulls. Avro values of one schema are read column by
     column (formats/avro_columns.py), JSON Schema values of flat payloads by Arrow's JSON reader,
     when they read them exactly as the record decoder would; other batches record by record."""
-    columns = None
-    if plan.fmt == "avro":
-        columns = _avro_columns(plan, raw.column("value"), schema)
-    elif plan.fmt == "json_schema":
-        columns = _json_columns(plan, raw.column("value"), schema)
-    elif plan.fmt == "protobuf":
-        columns = _protobuf_columns(plan, raw.column("value"), schema)
+    values = raw.column("value")
+    if plan.fmt == "json_schema":
+        columns = _json_columns(plan, values, schema)
+    else:
+        reader = _column_reader(plan, values, schema)
+        columns = reader.decode(values) if reader is not None else None
     return columns if columns is not None else decode_records(plan, raw, schema)
 
 
@@ -87,42 +86,34 @@ def decode_records(plan: RegistryPlan, raw: pa.RecordBatch, schema: pa.Schema) -
     return struct.flatten()
 
 
-def _avro_columns(plan: RegistryPlan, values: pa.Array, schema: pa.Schema) -> list[pa.Array] | None:
+def _column_reader(plan: RegistryPlan, values: pa.Array, schema: pa.Schema) -> Any:
+    """The column reader of the batch's one schema (avro_columns / protobuf_columns), built once per
+    schema and payload in a worker; None for a batch of several schemas (read record by record), an
+    id the plan lacks or of another type, or a schema the reader does not cover."""
     ids = schema_ids(values)
-    if len(ids) != 1:  # several writer schemas in one batch: read record by record
+    if len(ids) != 1:
         return None
     [schema_id] = ids
     registered = plan.schemas.get(schema_id)
-    if registered is None or registered[0].upper() != "AVRO":
-        return None
-    key = ("avro", schema_id, registered[1], schema)
-    if key not in _column_readers:
-        _column_readers.clear()
-        _column_readers[key] = avro_columns.reader(schema_id, registered[1], schema)
-    reader = _column_readers[key]
-    return reader.decode(values) if reader is not None else None
-
-
-def _protobuf_columns(plan: RegistryPlan, values: pa.Array, schema: pa.Schema) -> list[pa.Array] | None:
-    ids = schema_ids(values)
-    if len(ids) != 1:  # several schemas in one batch: read record by record
-        return None
-    [schema_id] = ids
-    registered = plan.schemas.get(schema_id)
-    if registered is None or registered[0].upper() != "PROTOBUF":
+    if registered is None or registered[0].upper() != ("AVRO" if plan.fmt == "avro" else "PROTOBUF"):
         return None
     references = tuple((plan.references or {}).get(schema_id, ()))
-    key = ("protobuf", schema_id, registered[1], references, schema)
+    key = (plan.fmt, schema_id, registered[1], references, schema)
     if key not in _column_readers:
-        from dpone_dagster.schema.protobuf import message_class_from_schema
-
         _column_readers.clear()
         try:
-            _column_readers[key] = protobuf_columns.reader(schema_id, message_class_from_schema(registered[1], [0], references), schema)
+            _column_readers[key] = _build_reader(plan.fmt, schema_id, registered[1], references, schema)
         except Exception:  # noqa: BLE001 - a schema the runtime does not build: the record decoder judges it
             _column_readers[key] = None
-    reader = _column_readers[key]
-    return reader.decode(values) if reader is not None else None
+    return _column_readers[key]
+
+
+def _build_reader(fmt: str, schema_id: int, schema_str: str, references: tuple, schema: pa.Schema) -> Any:
+    if fmt == "avro":
+        return avro_columns.reader(schema_id, schema_str, schema)
+    from dpone_dagster.schema.protobuf import message_class_from_schema
+
+    return protobuf_columns.reader(schema_id, message_class_from_schema(schema_str, [0], references), schema)
 
 
 # Payload types Arrow's JSON reader yields exactly as the record decoder (json.loads, then

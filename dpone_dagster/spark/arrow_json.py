@@ -103,9 +103,10 @@ def _read(values: pa.Array, schema: pa.Schema) -> pa.Table | None:
         return None
     buffer = _lines(present)
     octets = np.frombuffer(buffer, np.uint8)
-    if np.count_nonzero(octets == ord("\n")) != n or (octets == ord("\r")).any():
+    newlines = np.flatnonzero(octets == ord("\n"))
+    if newlines.size != n or (octets == ord("\r")).any():
         return None
-    if _deepest(octets) > MAX_OPENINGS:
+    if _deepest(octets, newlines) > MAX_OPENINGS:
         return None
     try:
         table = pa_json.read_json(
@@ -127,11 +128,10 @@ def _read(values: pa.Array, schema: pa.Schema) -> pa.Table | None:
 MAX_OPENINGS = 4096
 
 
-def _deepest(octets: np.ndarray) -> int:
-    """The most '{' and '[' any line of the joined values holds."""
-    opened = np.cumsum((octets == ord("{")) | (octets == ord("[")), dtype=np.int64)
-    ends = np.concatenate([np.flatnonzero(octets == ord("\n")), [octets.size - 1]])
-    return int(np.diff(opened[ends], prepend=0).max())
+def _deepest(octets: np.ndarray, newlines: np.ndarray) -> int:
+    """The most '{' and '[' any line of the joined values holds (`newlines`: where lines end)."""
+    openings = np.flatnonzero((octets == ord("{")) | (octets == ord("[")))
+    return int(np.bincount(np.searchsorted(newlines, openings)).max()) if openings.size else 0
 
 
 def _aligned(values: pa.Array, columns: list[pa.Array]) -> list[pa.Array]:
