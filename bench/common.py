@@ -48,6 +48,12 @@ def rss_bytes(pid: int) -> int:
     return _status_kb(pid).get("VmRSS", 0) * 1024
 
 
+def anon_bytes(pid: int) -> int:
+    """The process's own memory (RssAnon): without the file pages it maps, which the kernel can
+    drop at any time (a memory-mapped file read counts in VmRSS as long as it stays mapped)."""
+    return _status_kb(pid, ("RssAnon",)).get("RssAnon", 0) * 1024
+
+
 def hwm_bytes(pid: int | None = None) -> int:
     """Lifetime peak RSS (VmHWM) of a process."""
     return _status_kb(pid or os.getpid(), ("VmHWM",)).get("VmHWM", 0) * 1024
@@ -171,7 +177,8 @@ def _read_kind(pid: int) -> tuple[str, bool]:
     if b"java" in program:
         return "jvm", True
     settled = program.rsplit(b"/", 1)[-1] not in _LAUNCHERS
-    if b"pyspark" in cmd or b"python" in cmd:
+    # by the program's name: the embedded broker's binary lives under site-packages/python3.x
+    if b"pyspark" in cmd or program.rsplit(b"/", 1)[-1].startswith(b"python"):
         return "python_worker", settled
     return "other", settled
 
@@ -183,6 +190,7 @@ class Peaks:
     driver_rss: int = 0  # the Python driver process (this process)
     jvm_rss: int = 0  # the Spark JVM (a child of the driver in local mode)
     workers_rss: int = 0  # Python workers and the pyspark daemon, summed
+    workers_anon: int = 0  # the same without mapped file pages (RssAnon), summed
     tree_rss: int = 0  # driver + JVM + workers (+ any other child except the broker), summed
     tree_pss: int = 0  # the same tree by proportional set size (shared pages counted once)
     samples: int = 0
@@ -197,12 +205,12 @@ class Peaks:
     load_end: float = 0.0
 
     def merge(self, other: Peaks) -> None:
-        for name in ("driver_rss", "jvm_rss", "workers_rss", "tree_rss", "tree_pss"):
+        for name in ("driver_rss", "jvm_rss", "workers_rss", "workers_anon", "tree_rss", "tree_pss"):
             setattr(self, name, max(getattr(self, name), getattr(other, name)))
         self.samples += other.samples
 
     def as_mb(self) -> dict[str, float | int]:
-        names = ("driver_rss", "jvm_rss", "workers_rss", "tree_rss", "tree_pss")
+        names = ("driver_rss", "jvm_rss", "workers_rss", "workers_anon", "tree_rss", "tree_pss")
         data: dict[str, float | int] = {k: round(getattr(self, k) / MB, 1) for k in names}
         data["samples"] = self.samples
         return data
@@ -276,6 +284,7 @@ class TreeSampler:
                 peaks.jvm_rss += rss
             elif kind == "python_worker":
                 peaks.workers_rss += rss
+                peaks.workers_anon += anon_bytes(pid)
             tree_rss += rss
             if with_pss:
                 tree_pss += rss if kind == "jvm" else pss_bytes(pid)
