@@ -152,6 +152,30 @@ def test_an_avro_sink_registers_once_every_gate_passed(broker, spark, kafka_env,
     assert len(direct_records) == 300 and unframed(direct_records) == unframed(sql_records)
 
 
+def test_registry_encoded_keys_of_sql_rows_as_the_spark_sql_path_writes_them(broker, spark, kafka_env, db, tmp_path, monkeypatch):
+    """key.format avro over a composite key of a text and a date column: the key columns' record
+    under the `-key` subject's schema, framed with its id; the same keys and values as on the
+    Spark SQL path."""
+    import uuid
+
+    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", f"mock://{uuid.uuid4().hex[:8]}")
+    create_orders(db)
+    options = "{message_format: avro, key: {format: avro}, schema_registry: {enabled: true}}"
+    (direct, direct_records), (sql, sql_records) = run_both(
+        broker.bootstrap_servers, spark, tmp_path, monkeypatch, "{mode: incremental_append, unique_key: [customer, placed_on]}", options
+    )
+    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
+    for result, records in ((direct, direct_records), (sql, sql_records)):
+        key_id = result.schema_evolution["key_subject_schema_id"]
+        assert {r["key"][:5] for r in records} == {b"\x00" + key_id.to_bytes(4, "big")}
+    assert len(direct_records) == 300
+
+    def unframed(records: list[dict]) -> Counter:  # each target's subjects are its own
+        return Counter((r["key"][5:], r["value"][5:]) for r in records)
+
+    assert unframed(direct_records) == unframed(sql_records)
+
+
 @pytest.mark.parametrize(
     ("case", "strategy", "why"),
     [

@@ -41,8 +41,9 @@ class SqlSettings:
     hashed: bool  # the driver needs key hashes (keys that repeat)
     max_message_bytes: int
     header_bytes: int = 0  # the static headers' bytes, in every message
-    frame_bytes: int = 0  # what a registry frame adds to each value
+    frame_bytes: int = 0  # what registry frames add to each message (value, and key when encoded)
     value_prefix: bytes = b""  # the frame, once the schema is registered (set before producing)
+    key_prefix: bytes = b""  # the key subject's frame, for registry-encoded keys
     headers: HeaderSpec | None = None
     # keep_last | keep_first: each kept message keeps its row's source order (columns.ORDER), so
     # that the driver settles keys that repeat (candidate_records) as the Spark SQL path would.
@@ -133,7 +134,7 @@ def produce(settings: SqlSettings, producer: ProducerSettings, paths: list[str],
                 listed = None
                 if settings.headers is not None:  # static ones only: SQL rows have no lineage
                     listed = message_headers.headers(settings.headers, 0, pa.array(np.zeros(batch.num_rows, np.int64)), None)
-                yield outgoing(batch, settings.value_prefix, listed)
+                yield outgoing(batch, settings.value_prefix, listed, settings.key_prefix)
 
     try:
         yield from produce_batches(producer, messages())

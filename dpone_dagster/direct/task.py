@@ -66,6 +66,11 @@ class DirectSettings:
     value_format: tuple[str, str, tuple[int, ...] | None, tuple[tuple[str, str], ...]] | None = None
     frame_bytes: int = 0  # bytes the frame adds to each value (counted in the size limit)
     value_prefix: bytes = b""  # the frame, once the schema is registered (set before producing)
+    # Registry-encoded keys: the key subject's format and schema (shape/message.py), the bytes its
+    # frame adds to each key, and the frame once registered.
+    key_format: tuple[str, str] | None = None
+    key_frame_bytes: int = 0
+    key_prefix: bytes = b""
     envelope: tuple[str, str] | None = None  # the dpone envelope's text around each row's JSON
     hash_row: bool = False  # key: the hex SHA-256 of the row's canonical JSON
     headers: HeaderSpec | None = None  # headers the messages carry
@@ -94,7 +99,8 @@ class DirectSettings:
     def message_rule(self) -> message.MessageRule:
         """How a row becomes its message (shape/message.py)."""
         return message.MessageRule(
-            self.key_columns, self.hash_row, self.value_format, self.envelope, self.deletes, self.delete_envelope, self.source_key_for_deletes
+            self.key_columns, self.hash_row, self.value_format, self.envelope, self.deletes, self.delete_envelope,
+            self.source_key_for_deletes, self.key_format,
         )
 
 
@@ -254,7 +260,7 @@ def _lengths(settings: DirectSettings, partition: int, messages: pa.RecordBatch)
     """Each message's size as the size limit counts it: key, value with its frame, headers."""
     value_lengths = pc.binary_length(messages.column("value"))  # a tombstone: none, nor a frame
     value_lengths = pc.fill_null(pc.add(value_lengths, settings.frame_bytes), 0)
-    lengths = pc.add(value_lengths, _key_lengths(messages))
+    lengths = pc.add(value_lengths, _key_lengths(messages, settings.key_frame_bytes))
     if settings.headers is not None:
         lengths = pc.add(lengths, pa.array(_header_bytes(settings, partition, messages)))
     return lengths
@@ -375,8 +381,9 @@ def _header_bytes(settings: DirectSettings, partition: int, messages: pa.RecordB
     return message_headers.header_bytes(settings.headers, partition, messages.column("offset"), source)
 
 
-def _key_lengths(messages: pa.RecordBatch) -> pa.Array:
-    return pc.fill_null(pc.binary_length(messages.column("key")), 0)
+def _key_lengths(messages: pa.RecordBatch, frame_bytes: int = 0) -> pa.Array:
+    """Each key's size with its frame (none for a null key)."""
+    return pc.fill_null(pc.add(pc.binary_length(messages.column("key")), frame_bytes), 0)
 
 
 def candidate_records(settings: DirectSettings, slices: list[Slice], candidates: np.ndarray, set_aside: dict[int, np.ndarray]) -> pa.Table:
@@ -415,7 +422,7 @@ def produce(
                 if settings.headers is not None:
                     source = batch.column(SOURCE_HEADERS) if SOURCE_HEADERS in batch.schema.names else None
                     listed = message_headers.headers(settings.headers, piece[1], batch.column("offset"), source)
-                yield outgoing(batch, prefix, listed)
+                yield outgoing(batch, prefix, listed, settings.key_prefix)
 
     try:
         yield from produce_batches(producer, messages())
@@ -423,16 +430,21 @@ def produce(
         remove_spills(settings, slices)
 
 
-def outgoing(kept: pa.RecordBatch, value_prefix: bytes, headers: pa.Array | None) -> pa.RecordBatch:
-    """What the producer sends of kept messages: the key, the value behind the registered schema's
-    frame (a tombstone stays null), and the headers with no partition chosen, when there are any."""
-    value = kept.column("value")
-    if value_prefix:
-        value = pc.binary_join_element_wise(pa.scalar(value_prefix, pa.binary()), value, pa.scalar(b"", pa.binary()))
+def outgoing(kept: pa.RecordBatch, value_prefix: bytes, headers: pa.Array | None, key_prefix: bytes = b"") -> pa.RecordBatch:
+    """What the producer sends of kept messages: the key and the value behind their registered
+    schemas' frames (a null key or a tombstone stays null), and the headers with no partition
+    chosen, when there are any."""
+    key, value = _framed(kept.column("key"), key_prefix), _framed(kept.column("value"), value_prefix)
     if headers is None:
-        return pa.RecordBatch.from_arrays([kept.column("key"), value], names=["key", "value"])
+        return pa.RecordBatch.from_arrays([key, value], names=["key", "value"])
     unassigned = pa.array(np.full(kept.num_rows, -1, np.int32))
-    return pa.RecordBatch.from_arrays([kept.column("key"), value, headers, unassigned], names=["key", "value", "headers", "partition"])
+    return pa.RecordBatch.from_arrays([key, value, headers, unassigned], names=["key", "value", "headers", "partition"])
+
+
+def _framed(column: pa.Array, prefix: bytes) -> pa.Array:
+    if not prefix:
+        return column
+    return pc.binary_join_element_wise(pa.scalar(prefix, pa.binary()), column, pa.scalar(b"", pa.binary()))
 
 
 def remove_spills(settings: DirectSettings, slices: list[Slice]) -> None:

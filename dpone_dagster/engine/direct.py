@@ -208,7 +208,8 @@ def copy(
     checkpoint = storing_rule(manifest, planned.checkpoint, result.duplicates_removed, result)
     try:
         if prepared is not None:  # every gate passed: the schema may be registered now
-            settings = replace(settings, value_prefix=direct_registry.register(manifest, prepared, registry_config, result))
+            value_prefix, key_prefix = direct_registry.register(manifest, prepared, registry_config, result)
+            settings = replace(settings, value_prefix=value_prefix, key_prefix=key_prefix)
         publish_dead_letters(bad.letters, result, log)  # the output leaves, letters first
         with stage(result, "load", log):
             left_out = _merged(skip, set_aside)
@@ -373,6 +374,9 @@ def _settings(
     prepared, reason = direct_registry.prepare(manifest, payload, registry_config)
     if reason is not None:
         return None, None, reason
+    key, reason = direct_registry.prepare_key(manifest, prepared)
+    if reason is not None:
+        return None, None, reason
     limit = int(producer_config(sink_config, sink.options.delivery).get("message.max.bytes", 1_000_000))
     return (
         task.DirectSettings(
@@ -389,6 +393,8 @@ def _settings(
             ),
             value_format=(prepared.fmt, prepared.schema_str, prepared.message_indexes, prepared.references) if prepared is not None else None,
             frame_bytes=len(direct_registry.value_frame(prepared, 0)) if prepared is not None else 0,
+            key_format=direct_registry.key_format(key),
+            key_frame_bytes=direct_registry.key_frame_bytes(key),
             envelope=(
                 envelope_parts(C.UPSERT, sink.strategy.mode, run_id, {"topic": source.topic})
                 if sink.options.envelope == "dpone"

@@ -4,8 +4,10 @@
 The value schema is planned from the subject before the scan — the registry is read, nothing is
 written — so that the tasks encode every value with it (unframed). It is registered only once
 every gate has passed, just before producing; the produce tasks then put the Confluent frame with
-its id (protobuf: and the message indexes) in front of each value. A batch whose schema change routes values (on_type_change:
-new_column), a registry-encoded key, or columns the schema cannot take go to the Spark SQL path.
+its id (protobuf: and the message indexes) in front of each value. Registry-encoded keys
+(key.format avro | json_schema) are planned and registered the same way, under the `-key`
+subject. A batch whose schema change routes values (on_type_change: new_column), deletes with
+registry-encoded keys, or columns the schema cannot take go to the Spark SQL path.
 """
 
 from __future__ import annotations
@@ -18,8 +20,13 @@ from dpone_dagster.engine.results import RunResult
 from dpone_dagster.formats import registry_values
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.schema.wire_format import frame
-from dpone_dagster.sinks.registry import PreparedSchema, prepare_registry_schema, register_prepared
-from dpone_dagster.spark.registry_codec import nullable_schema, writer_schema
+from dpone_dagster.sinks.registry import (
+    PreparedSchema,
+    planned_key,
+    prepare_registry_schema,
+    register_prepared,
+)
+from dpone_dagster.spark.registry_codec import KeyEncoding, nullable_schema, writer_schema
 
 FORMATS = ("json", *registry_values.FORMATS)  # sink formats the direct path writes
 
@@ -29,8 +36,6 @@ def refusal(manifest: Manifest) -> str | None:
     options = manifest.sink.options
     if options.message_format not in FORMATS:
         return f"sink message_format {options.message_format}"
-    if options.message_format != "json" and options.key.format not in ("string", "json"):
-        return f"key.format {options.key.format}"
     return None
 
 
@@ -51,12 +56,33 @@ def prepare(manifest: Manifest, payload: StructType, registry_config: dict[str, 
     return prepared, None
 
 
-def register(manifest: Manifest, prepared: PreparedSchema, registry_config: dict[str, Any] | None, result: RunResult) -> bytes:
-    """Register the prepared schema; the frame every value gets."""
+def prepare_key(manifest: Manifest, prepared: PreparedSchema | None) -> tuple[KeyEncoding | None, str | None]:
+    """The key subject's schema when keys are registry-encoded (id 0 until registered), or why
+    the Spark SQL path writes them."""
+    key = planned_key(manifest, prepared) if prepared is not None else None
+    if key is not None and not key.columns:
+        return None, "registry-encoded keys without unique_key columns"
+    if key is not None and manifest.sink.options.deletes.enabled:
+        return None, "deletes with registry-encoded keys (a delete keyed by its source record's key)"
+    return key, None
+
+
+def key_format(key: KeyEncoding | None) -> tuple[str, str] | None:
+    """What the tasks encode keys with (shape/message.MessageRule.key_format)."""
+    return (key.fmt, key.schema_str) if key is not None else None
+
+
+def key_frame_bytes(key: KeyEncoding | None) -> int:
+    return len(frame(0, b"")) if key is not None else 0
+
+
+def register(manifest: Manifest, prepared: PreparedSchema, registry_config: dict[str, Any] | None, result: RunResult) -> tuple[bytes, bytes]:
+    """Register the prepared schema (and the key subject's); the frames every value and key get
+    (no key frame when keys are not registry-encoded)."""
     assert registry_config is not None
     plan = register_prepared(manifest, prepared, registry_config)
     result.schema_evolution = plan.as_dict()
-    return value_frame(prepared, plan.schema_id)
+    return value_frame(prepared, plan.schema_id), frame(plan.key.schema_id, b"") if plan.key is not None else b""
 
 
 def value_frame(prepared: PreparedSchema, schema_id: int) -> bytes:

@@ -163,7 +163,8 @@ def copy(
         result.schema_evolution = {"target": "no registry: the target side of schema evolution is a no-op"}
     try:
         if prepared is not None:  # every gate passed: the schema may be registered now
-            settings = replace(settings, value_prefix=direct_registry.register(manifest, prepared, registry_config, result))
+            value_prefix, key_prefix = direct_registry.register(manifest, prepared, registry_config, result)
+            settings = replace(settings, value_prefix=value_prefix, key_prefix=key_prefix)
         with stage(result, "load", log):
             stats = aggregate(_produce(jobs, settings, manifest, sink_config, reports, left_out, log))
         check_delivery(manifest, stats, result)
@@ -196,6 +197,9 @@ def _settings(
     prepared, reason = direct_registry.prepare(manifest, payload, registry_config)
     if reason is not None:
         return None, None, reason
+    key, reason = direct_registry.prepare_key(manifest, prepared)
+    if reason is not None:
+        return None, None, reason
     deletes = options.deletes
     envelope = json_value and options.envelope == "dpone"
     strategy = sink.strategy.mode
@@ -207,6 +211,7 @@ def _settings(
         deletes=("tombstone" if deletes.tombstone else "event") if deletes.enabled else deletes.when_disabled,
         delete_envelope=envelope_parts(C.DELETE, strategy, run_id, {}) if envelope else None,
         source_key_for_deletes=options.key.mode == "unique_key",
+        key_format=direct_registry.key_format(key),
     )
     static = options.headers.static
     headers = HeaderSpec.of(static, False, False, "") if static else None
@@ -220,7 +225,7 @@ def _settings(
             keep=_keeps_one(manifest) if key_columns is not None else None,
             max_message_bytes=int(producer_config(sink_config, options.delivery).get("message.max.bytes", 1_000_000)),
             header_bytes=sum(len(k.encode()) + len(v.encode()) for k, v in static.items()),
-            frame_bytes=len(direct_registry.value_frame(prepared, 0)) if prepared is not None else 0,
+            frame_bytes=len(direct_registry.value_frame(prepared, 0)) + direct_registry.key_frame_bytes(key) if prepared is not None else 0,
             headers=headers,
         ),
         prepared,

@@ -2,7 +2,8 @@
 direct path's tasks (direct/task.py) and the Spark SQL path's kept batch (engine/stages/
 arrow_messages.py) write messages with.
 
-The key follows sink.options.key (shape/keys.py); the value is the row's JSON as Spark's `to_json`
+The key follows sink.options.key (shape/keys.py), or is the key columns' record in the key
+subject's registry format (key.format avro | json_schema); the value is the row's JSON as Spark's `to_json`
 writes it (sinks/json_encode.py), in the dpone envelope when asked (shape/envelope.py), or the
 registered schema's bytes, unframed (formats/registry_values.py). A delete becomes what
 `deletes` says: a tombstone (no value), an envelope with op delete, or, disabled, the row as any
@@ -40,6 +41,9 @@ class MessageRule:
     delete_envelope: tuple[str, str] | None = None
     # key.mode unique_key: a delete whose key columns give no key takes the source record's key.
     source_key_for_deletes: bool = False
+    # Registry-encoded keys: the `-key` subject's format and schema; the key columns' record,
+    # unframed (the frame with the schema id is added when the id is known), null when all are null.
+    key_format: tuple[str, str] | None = None
 
 
 def key_and_value(
@@ -59,8 +63,11 @@ def key_and_value(
 def key_of(rule: MessageRule, columns: list[pa.Array], names: list[str], is_delete: pa.Array, source_key: pa.Array | None) -> pa.Array:
     """Each row's key (binary; null where there is none). Raises Unwritable."""
     try:
-        key = keys.hash_row(columns, names) if rule.hash_row else keys.unique_key(columns, names, rule.key_columns)
-    except json_encode.Unencodable as exc:
+        if rule.key_format is not None and rule.key_columns is not None:
+            key = _registry_key(rule.key_format, [columns[i] for i in rule.key_columns], [names[i] for i in rule.key_columns])
+        else:
+            key = keys.hash_row(columns, names) if rule.hash_row else keys.unique_key(columns, names, rule.key_columns)
+    except (json_encode.Unencodable, registry_values.Unencodable) as exc:
         raise Unwritable(str(exc)) from exc
     if rule.source_key_for_deletes and source_key is not None and len(is_delete) and pc.any(is_delete).as_py():
         key = pc.if_else(pc.and_(is_delete, key.is_null()), source_key, key)
@@ -80,6 +87,17 @@ def _value(rule: MessageRule, columns: list[pa.Array], names: list[str], is_dele
     if deletes and rule.deletes == "event" and rule.delete_envelope is not None:
         value = pc.if_else(is_delete, envelope.wrap(data, rule.delete_envelope), value)
     return value.cast(pa.binary())
+
+
+def _registry_key(key_format: tuple[str, str], columns: list[pa.Array], names: list[str]) -> pa.Array:
+    """The key columns' record in the key subject's format, null where every column is null."""
+    fmt, schema_str = key_format
+    any_set = columns[0].is_valid()
+    for column in columns[1:]:
+        any_set = pc.or_(any_set, column.is_valid())
+    if not len(any_set) or pc.all(any_set).as_py():
+        return registry_values.encode_values(fmt, columns, names, schema_str)
+    return _spread(registry_values.encode_values(fmt, [c.filter(any_set) for c in columns], names, schema_str), any_set)
 
 
 def _spread(values: pa.Array, where: pa.Array) -> pa.Array:

@@ -11,7 +11,7 @@ breaking change fails the run with nothing written.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -124,7 +124,7 @@ def _register(manifest: Manifest, prepared: PreparedSchema, client: Any) -> Regi
             "protobuf", prepared.subject, schema_id, prepared.schema_str, None, prepared.message_indexes, prepared.references
         )
     schema_id = ensure_registered(client, prepared.subject, prepared.schema_str, schema_type_of(prepared.fmt), auto)
-    key = _key_encoding(manifest, client, prepared.result) if prepared.result is not None else None
+    key = _key_encoding(manifest, client, prepared)
     return RegistryWritePlan(prepared.fmt, prepared.subject, schema_id, prepared.schema_str, prepared.evolution, key=key)
 
 
@@ -194,20 +194,29 @@ def _prepare_protobuf(manifest: Manifest) -> PreparedSchema:
     )
 
 
-def _key_encoding(manifest: Manifest, client: Any, value_schema: StructType) -> KeyEncoding | None:
+def planned_key(manifest: Manifest, prepared: PreparedSchema) -> KeyEncoding | None:
+    """The `-key` subject's schema of registry-encoded keys (key.format avro | json_schema, keyed
+    by the unique key, beside an Avro or JSON Schema value), id 0 until registered; None when
+    keys are not registry-encoded (pure)."""
     sink = manifest.sink
     key_format = sink.options.key.format
-    if key_format not in ("avro", "json_schema") or sink.options.key.mode != "unique_key":
+    if key_format not in ("avro", "json_schema") or sink.options.key.mode != "unique_key" or prepared.result is None:
         return None
     columns = sink.strategy.unique_key_columns
-    schema = key_schema(value_schema, columns)
     name, namespace = record_name(manifest)
-    key_text = writer_schema_text(key_format, schema, f"{name}_key", namespace)
-    subject = subject_name("topic", sink.topic, None, is_key=True)
+    key_text = writer_schema_text(key_format, key_schema(prepared.result, columns), f"{name}_key", namespace)
+    return KeyEncoding(key_format, 0, key_text, tuple(columns))
+
+
+def _key_encoding(manifest: Manifest, client: Any, prepared: PreparedSchema) -> KeyEncoding | None:
+    key = planned_key(manifest, prepared)
+    if key is None:
+        return None
+    subject = subject_name("topic", manifest.sink.topic, None, is_key=True)
     schema_id = ensure_registered(
-        client, subject, key_text, schema_type_of(key_format), sink.options.schema_registry.auto_register_schemas
+        client, subject, key.schema_str, schema_type_of(key.fmt), manifest.sink.options.schema_registry.auto_register_schemas
     )
-    return KeyEncoding(key_format, schema_id, key_text, tuple(columns))
+    return replace(key, schema_id=schema_id)
 
 
 def encode_messages(keyed: DataFrame, plan: RegistryWritePlan, payload: list[str], tombstone_column: str) -> DataFrame:
