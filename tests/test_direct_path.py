@@ -217,6 +217,37 @@ def unframed(records: list[dict[str, Any]]) -> Counter:
     return Counter((r["key"][5:], r["value"][5:]) for r in records)
 
 
+@pytest.mark.parametrize("fmt", ["avro", "json_schema"])
+def test_a_type_change_routed_to_a_new_column_as_the_spark_sql_path_routes_it(broker, spark, kafka_env, tmp_path, monkeypatch, fmt):
+    """on_type_change: new_column: a batch whose qty turned to text after the subject registered it
+    as a number writes qty null and the text in `__dpone__nc__qty`, under the evolved schema; the
+    same values as the Spark SQL path's, on the direct path."""
+    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", f"mock://{uuid.uuid4().hex[:8]}")
+    bs = broker.bootstrap_servers
+    src = unique_topic("dsrc")
+    create_topic(bs, src, 2)
+    sink = f"message_format: {fmt}, on_type_change: new_column, schema_registry: {{enabled: true}}"
+    strategy = "{mode: incremental_append, unique_key: order_id}"
+    targets = {path: unique_topic(f"d_{path}") for path in ("direct", "spark_sql")}
+    for dst in targets.values():
+        create_topic(bs, dst, 2)
+    results: dict[str, list[Any]] = {path: [] for path in targets}
+    for batch in ([{"order_id": i, "qty": i, "note": f"n{i}"} for i in range(300)], [{"order_id": i, "qty": f"many {i} é", "note": None} for i in range(300, 600)]):
+        produce_json(bs, src, batch, key=lambda row: row["order_id"])
+        for path, dst in targets.items():
+            if path == "spark_sql":
+                monkeypatch.setenv("DPONE_DIRECT_PATH", "off")
+            results[path].append(run_pipeline(parse_manifest(manifest_text(src, dst, tmp_path / path, strategy, sink)), spark))
+            monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+    assert [r.execution_path for r in results["direct"]] == ["direct", "direct"]
+    routed = results["direct"][1].schema_evolution["evolution"]["actions"]
+    assert any(a["kind"] == "route_new_column" for a in routed)
+    records = {path: consume_raw(bs, dst) for path, dst in targets.items()}
+    assert len(records["direct"]) == 600
+    assert unframed(records["direct"]) == unframed(records["spark_sql"])
+    assert sum(b"many 3" in r["value"] for r in records["direct"]) == 100  # order ids 300..399
+
+
 def test_deletes_with_registry_encoded_keys_take_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch):
     """A delete is keyed by its source record's key, which a registry-encoded key cannot be: the
     run takes the Spark SQL path, saying why."""

@@ -71,6 +71,7 @@ class DirectSettings:
     key_format: tuple[str, str] | None = None
     key_frame_bytes: int = 0
     key_prefix: bytes = b""
+    routes: tuple[tuple[str, str], ...] = ()  # on_type_change: new_column (shape/message.py)
     envelope: tuple[str, str] | None = None  # the dpone envelope's text around each row's JSON
     hash_row: bool = False  # key: the hex SHA-256 of the row's canonical JSON
     headers: HeaderSpec | None = None  # headers the messages carry
@@ -100,7 +101,7 @@ class DirectSettings:
         """How a row becomes its message (shape/message.py)."""
         return message.MessageRule(
             self.key_columns, self.hash_row, self.value_format, self.envelope, self.deletes, self.delete_envelope,
-            self.source_key_for_deletes, self.key_format,
+            self.source_key_for_deletes, self.key_format, self.routes,
         )
 
 

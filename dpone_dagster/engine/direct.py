@@ -395,6 +395,7 @@ def _settings(
             frame_bytes=len(direct_registry.value_frame(prepared, 0)) if prepared is not None else 0,
             key_format=direct_registry.key_format(key),
             key_frame_bytes=direct_registry.key_frame_bytes(key),
+            routes=direct_registry.routes_of(prepared),
             envelope=(
                 envelope_parts(C.UPSERT, sink.strategy.mode, run_id, {"topic": source.topic})
                 if sink.options.envelope == "dpone"

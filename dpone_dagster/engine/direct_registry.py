@@ -4,10 +4,11 @@
 The value schema is planned from the subject before the scan — the registry is read, nothing is
 written — so that the tasks encode every value with it (unframed). It is registered only once
 every gate has passed, just before producing; the produce tasks then put the Confluent frame with
-its id (protobuf: and the message indexes) in front of each value. Registry-encoded keys
+its id (protobuf: and the message indexes) in front of each value; a type change routed to a new
+column (on_type_change: new_column) moves the column's values there. Registry-encoded keys
 (key.format avro | json_schema) are planned and registered the same way, under the `-key`
-subject. A batch whose schema change routes values (on_type_change: new_column), deletes with
-registry-encoded keys, or columns the schema cannot take go to the Spark SQL path.
+subject. A batch whose schema change routes a nested or key column, deletes with registry-encoded
+keys, or columns the schema cannot take go to the Spark SQL path.
 """
 
 from __future__ import annotations
@@ -47,13 +48,20 @@ def prepare(manifest: Manifest, payload: StructType, registry_config: dict[str, 
     assert registry_config is not None
     # The decoded batch's fields are all nullable, as Spark's JSON decoder makes them.
     prepared = prepare_registry_schema(manifest, nullable_schema(payload), registry_config)
-    if prepared.evolution is not None and prepared.evolution.routes:
-        return None, "a type change routed to new columns (on_type_change: new_column)"
+    routes = routes_of(prepared)
+    keyed = set(manifest.sink.strategy.unique_key_columns) if manifest.sink.options.key.format in ("avro", "json_schema") else set()
+    if any("." in column or column in keyed for column, _ in routes):
+        return None, "a type change of a nested or registry-encoded key column routed to a new column (on_type_change: new_column)"
     fields = set(writer_schema(fmt, prepared.schema_str, list(prepared.message_indexes or []) or None, prepared.references).names)
     unknown = sorted(set(payload.names) - fields)
     if unknown:
         return None, f"column(s) {unknown} the registered schema does not hold"
     return prepared, None
+
+
+def routes_of(prepared: PreparedSchema | None) -> tuple[tuple[str, str], ...]:
+    """The (column, variant) pairs whose values the value schema takes in a new column."""
+    return prepared.evolution.routes if prepared is not None and prepared.evolution is not None else ()
 
 
 def prepare_key(manifest: Manifest, prepared: PreparedSchema | None) -> tuple[KeyEncoding | None, str | None]:

@@ -212,6 +212,7 @@ def _settings(
         delete_envelope=envelope_parts(C.DELETE, strategy, run_id, {}) if envelope else None,
         source_key_for_deletes=options.key.mode == "unique_key",
         key_format=direct_registry.key_format(key),
+        routes=direct_registry.routes_of(prepared),
     )
     static = options.headers.static
     headers = HeaderSpec.of(static, False, False, "") if static else None

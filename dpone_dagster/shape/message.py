@@ -44,6 +44,9 @@ class MessageRule:
     # Registry-encoded keys: the `-key` subject's format and schema; the key columns' record,
     # unframed (the frame with the schema id is added when the id is known), null when all are null.
     key_format: tuple[str, str] | None = None
+    # on_type_change: new_column: (column, variant) whose values a registry value writes in the
+    # variant column, the column itself null (sinks/registry.apply_routes on the Spark SQL path).
+    routes: tuple[tuple[str, str], ...] = ()
 
 
 def key_and_value(
@@ -77,6 +80,7 @@ def key_of(rule: MessageRule, columns: list[pa.Array], names: list[str], is_dele
 def _value(rule: MessageRule, columns: list[pa.Array], names: list[str], is_delete: pa.Array, deletes: bool) -> pa.Array:
     if rule.value_format is not None:
         fmt, schema_str, indexes, references = rule.value_format
+        columns, names = routed(columns, names, rule.routes)
         if deletes and rule.deletes == "tombstone":  # a tombstone's value is never encoded
             upserts = pc.invert(is_delete)
             encoded = registry_values.encode_values(fmt, [c.filter(upserts) for c in columns], names, schema_str, indexes, references)
@@ -87,6 +91,20 @@ def _value(rule: MessageRule, columns: list[pa.Array], names: list[str], is_dele
     if deletes and rule.deletes == "event" and rule.delete_envelope is not None:
         value = pc.if_else(is_delete, envelope.wrap(data, rule.delete_envelope), value)
     return value.cast(pa.binary())
+
+
+def routed(columns: list[pa.Array], names: list[str], routes: tuple[tuple[str, str], ...]) -> tuple[list[pa.Array], list[str]]:
+    """The columns with each routed column's values moved to its variant column (added last), the
+    column itself all null."""
+    if not routes:
+        return columns, names
+    columns, names = list(columns), list(names)
+    for column, variant in routes:
+        i = names.index(column)
+        columns.append(columns[i])
+        names.append(variant)
+        columns[i] = pa.nulls(len(columns[i]), columns[i].type)
+    return columns, names
 
 
 def _registry_key(key_format: tuple[str, str], columns: list[pa.Array], names: list[str]) -> pa.Array:
