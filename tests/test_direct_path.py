@@ -139,6 +139,19 @@ def test_repeated_keys_keep_the_record_the_spark_sql_path_keeps(broker, spark, k
     assert messages(direct_records) == messages(sql_records)
 
 
+def orders_for_a_registry_sink(bs: str, monkeypatch: Any, strategy: str) -> tuple[str, str]:
+    """A fresh in-memory registry and a source topic of 1,200 orders over three partitions, whose
+    order ids repeat across partitions when the strategy merges: (registry url, topic)."""
+    url = f"mock://{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", url)
+    src = unique_topic("dsrc")
+    create_topic(bs, src, 3)
+    repeat = 700 if "merge" in strategy else 10**9
+    for p in range(3):
+        produce_json(bs, src, [{**o, "order_id": o["order_id"] % repeat} for o in orders(400, p * 400)], partition=p)
+    return url, src
+
+
 @pytest.mark.parametrize(
     "fmt, strategy",
     [
@@ -154,14 +167,8 @@ def test_a_registry_sink_writes_what_the_spark_sql_path_writes(broker, spark, ka
     registered once."""
     from dpone_dagster.schema.registry import registry_client
 
-    url = f"mock://{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", url)
     bs = broker.bootstrap_servers
-    src = unique_topic("dsrc")
-    create_topic(bs, src, 3)
-    repeat = 700 if "merge" in strategy else 10**9
-    for p in range(3):
-        produce_json(bs, src, [{**o, "order_id": o["order_id"] % repeat} for o in orders(400, p * 400)], partition=p)
+    url, src = orders_for_a_registry_sink(bs, monkeypatch, strategy)
     (direct, direct_records), (sql, sql_records) = run_both(
         bs, spark, src, tmp_path, monkeypatch, strategy, f"message_format: {fmt}, schema_registry: {{enabled: true}}"
     )
@@ -190,14 +197,8 @@ def test_registry_encoded_keys_as_the_spark_sql_path_writes_them(broker, spark, 
     on both paths; a key column null in some rows (amount) is a null field of the key record."""
     from dpone_dagster.schema.registry import registry_client
 
-    url = f"mock://{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", url)
     bs = broker.bootstrap_servers
-    src = unique_topic("dsrc")
-    create_topic(bs, src, 3)
-    repeat = 700 if "merge" in strategy else 10**9
-    for p in range(3):
-        produce_json(bs, src, [{**o, "order_id": o["order_id"] % repeat} for o in orders(400, p * 400)], partition=p)
+    url, src = orders_for_a_registry_sink(bs, monkeypatch, strategy)
     sink = f"message_format: {fmt}, key: {{format: {fmt}}}, schema_registry: {{enabled: true}}"
     (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path, monkeypatch, strategy, sink)
     assert direct.execution_path == "direct" and sql.execution_path == "spark_sql"

@@ -132,48 +132,34 @@ def test_the_direct_path_writes_what_the_spark_sql_path_writes(broker, spark, ka
     assert not kept_directory_exists(spark, direct.run_id), "the kept files outlived the run"
 
 
-def test_an_avro_sink_registers_once_every_gate_passed(broker, spark, kafka_env, db, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("unique_key", "key_format"),
+    [("order_id", "string"), ("[customer, placed_on]", "avro")],
+)
+def test_an_avro_sink_registers_once_every_gate_passed(broker, spark, kafka_env, db, tmp_path, monkeypatch, unique_key, key_format):
     """Seed 002's route into seed 001's sink: Avro through the registry, each value framed with
-    the id registered after the gates; the values past the frame are the Spark SQL path's."""
+    the id registered after the gates; with key.format avro, each key the key columns' record (a
+    text and a date column) under the `-key` subject's schema, framed with its id. Past the
+    frames, the Spark SQL path's keys and values."""
     import uuid
 
     monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", f"mock://{uuid.uuid4().hex[:8]}")
     create_orders(db)
-    options = "{message_format: avro, schema_registry: {enabled: true}}"
+    options = f"{{message_format: avro, key: {{format: {key_format}}}, schema_registry: {{enabled: true}}}}"
     (direct, direct_records), (sql, sql_records) = run_both(
-        broker.bootstrap_servers, spark, tmp_path, monkeypatch, "{mode: incremental_append, unique_key: order_id}", options
+        broker.bootstrap_servers, spark, tmp_path, monkeypatch, f"{{mode: incremental_append, unique_key: {unique_key}}}", options
     )
     assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
-
-    def unframed(records: list[dict]) -> Counter:
-        assert all(r["value"][0] == 0 for r in records)
-        return Counter((r["key"], r["value"][5:]) for r in records)
-
-    assert len(direct_records) == 300 and unframed(direct_records) == unframed(sql_records)
-
-
-def test_registry_encoded_keys_of_sql_rows_as_the_spark_sql_path_writes_them(broker, spark, kafka_env, db, tmp_path, monkeypatch):
-    """key.format avro over a composite key of a text and a date column: the key columns' record
-    under the `-key` subject's schema, framed with its id; the same keys and values as on the
-    Spark SQL path."""
-    import uuid
-
-    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", f"mock://{uuid.uuid4().hex[:8]}")
-    create_orders(db)
-    options = "{message_format: avro, key: {format: avro}, schema_registry: {enabled: true}}"
-    (direct, direct_records), (sql, sql_records) = run_both(
-        broker.bootstrap_servers, spark, tmp_path, monkeypatch, "{mode: incremental_append, unique_key: [customer, placed_on]}", options
-    )
-    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
+    key_frame = 5 if key_format == "avro" else 0
     for result, records in ((direct, direct_records), (sql, sql_records)):
-        key_id = result.schema_evolution["key_subject_schema_id"]
-        assert {r["key"][:5] for r in records} == {b"\x00" + key_id.to_bytes(4, "big")}
-    assert len(direct_records) == 300
+        assert {r["value"][:5] for r in records} == {b"\x00" + result.schema_evolution["schema_id"].to_bytes(4, "big")}
+        if key_frame:
+            assert {r["key"][:5] for r in records} == {b"\x00" + result.schema_evolution["key_subject_schema_id"].to_bytes(4, "big")}
 
     def unframed(records: list[dict]) -> Counter:  # each target's subjects are its own
-        return Counter((r["key"][5:], r["value"][5:]) for r in records)
+        return Counter((r["key"][key_frame:], r["value"][5:]) for r in records)
 
-    assert unframed(direct_records) == unframed(sql_records)
+    assert len(direct_records) == 300 and unframed(direct_records) == unframed(sql_records)
 
 
 @pytest.mark.parametrize(
