@@ -20,6 +20,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from dpone_dagster.spark import arrow_json
 from dpone_dagster.spark.arrow_json import arrow_schema, decode_values
 
 
@@ -136,3 +137,15 @@ def test_a_value_nested_too_deep_for_arrows_reader_is_left_to_spark():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["None", "True"]  # the shallow drift is refused as drift, without a crash
+
+
+def test_values_joined_past_what_one_arrow_buffer_holds_are_left_to_spark(monkeypatch):
+    """Values whose joined lines would pass 2 GiB (a batch of huge records) are left to Spark's
+    decoder, not a failed task. Joining 2 GiB here would take the machine's memory: the join is
+    made to raise as Arrow does then."""
+
+    def too_large(_values: pa.Array) -> pa.Buffer:
+        raise pa.ArrowCapacityError("array cannot contain more than 2147483646 bytes")
+
+    monkeypatch.setattr(arrow_json, "_lines", too_large)
+    assert arrow_json.decode_values(pa.array([b'{"a": 1}'], pa.binary()), pa.schema([("a", pa.int64())])) is None

@@ -101,7 +101,10 @@ def _read(values: pa.Array, schema: pa.Schema) -> pa.Table | None:
     # ... and ends with '}': a value cut short can never join the next one into made-up rows.
     if not pc.all(pc.ends_with(present, "}")).as_py():
         return None
-    buffer = _lines(present)
+    try:
+        buffer = _lines(present)
+    except pa.ArrowException:  # joined past 2 GiB (one batch of huge records): Spark reads it
+        return None
     octets = np.frombuffer(buffer, np.uint8)
     newlines = np.flatnonzero(octets == ord("\n"))
     if newlines.size != n or (octets == ord("\r")).any():
