@@ -230,3 +230,14 @@ def test_timestamps_out_of_java_years_and_other_zones_are_refused():
         encode(pa.array([0], pa.timestamp("us")))  # TIMESTAMP_NTZ: Spark writes it without a zone
     with pytest.raises(Unencodable):
         encode(pa.array([-62_135_596_800_000_001], pa.timestamp("us", tz="UTC")))  # year 0
+
+
+def test_a_key_of_three_columns_is_their_json_object_null_only_when_all_are_null():
+    """A unique key of several columns, as the Spark SQL path's to_json writes the struct of them
+    (ignoreNullFields false: nulls written); a row whose key columns are all null has no key."""
+    import pyarrow as pa
+
+    from dpone_dagster.shape.keys import unique_key
+
+    columns = [pa.array(["a", None, None]), pa.array([1.5, None, None]), pa.array([1, 2, None])]
+    assert unique_key(columns, ["c", "amount", "id"], (0, 1, 2)).to_pylist() == [b'{"c":"a","amount":1.5,"id":1}', b'{"c":null,"amount":null,"id":2}', None]

@@ -5,6 +5,7 @@ kept); no key otherwise."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import pyarrow as pa
@@ -23,7 +24,7 @@ def unique_key(columns: list[pa.Array], names: list[str], key_columns: tuple[int
         return as_text(columns[key_columns[0]]).cast(pa.binary())
     chosen = [columns[i] for i in key_columns]
     encoded = json_encode.encode_object(chosen, [names[i] for i in key_columns])
-    any_set = pc.or_kleene(*[c.is_valid() for c in chosen]) if len(chosen) > 1 else chosen[0].is_valid()
+    any_set = functools.reduce(pc.or_, [c.is_valid() for c in chosen])
     return pc.if_else(any_set, encoded, pa.scalar(None, pa.string())).cast(pa.binary())
 
 
