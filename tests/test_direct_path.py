@@ -249,6 +249,59 @@ def test_a_type_change_routed_to_a_new_column_as_the_spark_sql_path_routes_it(br
     assert sum(b"many 3" in r["value"] for r in records["direct"]) == 100  # order ids 300..399
 
 
+KEY_SUBJECT_CASES = {  # source rows; the value subject registered before the run; sink options
+    # Two order ids a double cannot tell apart: one key record, two keys.
+    "a narrower type": (
+        [{"order_id": 2**53, "v": "a"}, {"order_id": 2**53 + 1, "v": "b"}],
+        {"type": "record", "name": "R", "fields": [{"name": "order_id", "type": ["null", "double"]}, {"name": "v", "type": ["null", "string"]}]},
+        "schema_evolution: false",
+    ),
+    # A null region written as the field's default: one key record, two keys.
+    "a default for a null": (
+        [{"order_id": 1, "region": None, "v": "a"}, {"order_id": 1, "region": "EU", "v": "b"}],
+        {"type": "record", "name": "R", "fields": [
+            {"name": "order_id", "type": "long"}, {"name": "region", "type": "string", "default": "EU"}, {"name": "v", "type": ["null", "string"]}]},
+        "",
+    ),
+}
+
+
+@pytest.mark.parametrize("policy", ["keep_last", "fail"])
+@pytest.mark.parametrize("case", sorted(KEY_SUBJECT_CASES))
+def test_registry_encoded_keys_are_told_apart_as_the_spark_sql_path_tells_them(broker, spark, kafka_env, tmp_path, monkeypatch, case, policy):
+    """Repeated keys are settled on the keys' text, as on the Spark SQL path, not on the key
+    records, which the registered schema may make identical for two keys: both rows are kept
+    (and duplicate_policy: fail passes), on both paths."""
+    import json
+
+    from confluent_kafka.schema_registry import Schema
+
+    from dpone_dagster.schema.registry import registry_client
+
+    rows, value_schema, options = KEY_SUBJECT_CASES[case]
+    url = f"mock://{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", url)
+    bs = broker.bootstrap_servers
+    src = unique_topic("dsrc")
+    create_topic(bs, src, 1)
+    produce_json(bs, src, rows, partition=0)
+    unique_key = "[order_id, region]" if "region" in rows[0] else "order_id"
+    strategy = f"{{mode: incremental_merge, unique_key: {unique_key}, duplicate_policy: {policy}}}"
+    sink = f"message_format: avro, key: {{format: avro}}, schema_registry: {{enabled: true}}{', ' + options if options else ''}"
+    out = {}
+    for path in ("direct", "spark_sql"):
+        if path == "spark_sql":
+            monkeypatch.setenv("DPONE_DIRECT_PATH", "off")
+        dst = unique_topic(f"d_{path}")
+        create_topic(bs, dst, 1)
+        registry_client({"url": url}).register_schema(f"{dst}-value", Schema(json.dumps(value_schema), "AVRO"))
+        result = run_pipeline(parse_manifest(manifest_text(src, dst, tmp_path / path, strategy, sink)), spark)
+        out[path] = (result.execution_path, Counter(r["key"][5:] for r in consume_raw(bs, dst)))
+    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+    assert out["direct"][0] == "direct"
+    assert out["direct"][1] == out["spark_sql"][1] and sum(out["direct"][1].values()) == 2
+
+
 def test_deletes_with_registry_encoded_keys_take_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch):
     """A delete is keyed by its source record's key, which a registry-encoded key cannot be: the
     run takes the Spark SQL path, saying why."""

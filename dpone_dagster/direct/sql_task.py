@@ -22,7 +22,14 @@ import pyarrow.ipc as ipc
 
 from dpone_dagster import columns as C
 from dpone_dagster.direct.keys import TaskHashes, in_sorted, key_hashes
-from dpone_dagster.direct.task import SpillWriter, outgoing, remove_file, run_directory, sweep_stale_spills
+from dpone_dagster.direct.task import (
+    SENT_KEY,
+    SpillWriter,
+    outgoing,
+    remove_file,
+    run_directory,
+    sweep_stale_spills,
+)
 from dpone_dagster.shape import headers as message_headers
 from dpone_dagster.shape import message
 from dpone_dagster.shape.headers import HeaderSpec
@@ -83,22 +90,26 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
                 batch, is_delete = batch.filter(pc.invert(is_delete)), is_delete.filter(pc.invert(is_delete))
             if refused is not None or not batch.num_rows:
                 continue
+            columns = [batch.column(n) for n in names]
             try:
-                key, value = message.key_and_value(rule, [batch.column(n) for n in names], names, is_delete, None)
+                key, value = message.key_and_value(rule, columns, names, is_delete, None)
+                sent_key = message.registry_key(rule, columns, names)
             except message.Unwritable as exc:
                 refused = str(exc)
                 continue
             missing = key.null_count if (rule.key_columns is not None or (found and rule.deletes == "tombstone")) else 0
             keyless += missing
-            sizes = pc.add(pc.fill_null(pc.binary_length(key), 0), pc.fill_null(pc.binary_length(value), 0))
+            sizes = pc.add(pc.fill_null(pc.binary_length(key if sent_key is None else sent_key), 0), pc.fill_null(pc.binary_length(value), 0))
             extra = settings.header_bytes + settings.frame_bytes
             oversized += int(pc.sum(pc.greater(sizes, settings.max_message_bytes - extra)).as_py() or 0)
             if settings.hashed and not missing:
-                hashes.append(key_hashes(key))
+                hashes.append(key_hashes(key))  # keys are told apart by their text, as on the Spark SQL path
+            kept, kept_names = [key, value], list(MESSAGES.names)
             if settings.keep is not None:
-                spill.write(pa.RecordBatch.from_arrays([key, value, batch.column(C.ORDER)], names=[*MESSAGES.names, ORDER]))
-            else:
-                spill.write(pa.RecordBatch.from_arrays([key, value], schema=MESSAGES))
+                kept, kept_names = [*kept, batch.column(C.ORDER)], [*kept_names, ORDER]
+            if sent_key is not None:
+                kept, kept_names = [*kept, sent_key], [*kept_names, SENT_KEY]
+            spill.write(pa.RecordBatch.from_arrays(kept, names=kept_names))
             messages += batch.num_rows
     return SqlReport(path, rows, deletes, messages, keyless, oversized, refused, TaskHashes.of(hashes) if settings.hashed else None)
 

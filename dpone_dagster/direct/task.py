@@ -50,6 +50,8 @@ STALE_SPILL_S = 6 * 3600  # another run's spill directory untouched this long is
 # and the source record's headers when they are replicated.
 MESSAGE_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("offset", pa.int64()), ("timestamp", pa.int64())])
 SOURCE_HEADERS = "source_headers"
+# Registry-encoded keys: the key sent (unframed), beside `key`, the text repeated keys are settled on.
+SENT_KEY = "sent_key"
 
 
 @dataclass(frozen=True)
@@ -162,8 +164,10 @@ def shape(
     if deletes and settings.deletes == "skip":
         kept = pc.invert(is_delete)
         raw, columns, is_delete = raw.filter(kept), [c.filter(kept) for c in columns], is_delete.filter(kept)
+    rule = settings.message_rule
     try:
-        key, value = message.key_and_value(settings.message_rule, columns, settings.schema.names, is_delete, raw.column("key"))
+        key, value = message.key_and_value(rule, columns, settings.schema.names, is_delete, raw.column("key"))
+        sent_key = message.registry_key(rule, columns, settings.schema.names)
     except message.Unwritable as exc:
         raise Refused(str(exc)) from exc
     if deletes and settings.source_key_for_deletes and pc.any(pc.and_(is_delete, key.is_null())).as_py():
@@ -174,10 +178,13 @@ def shape(
         keyless = raw.column("offset").filter(missing)
         kept = pc.invert(missing)
         raw, key, value = raw.filter(kept), key.filter(kept), value.filter(kept)
-    arrays = [key, value, raw.column("offset"), raw.column("timestamp")]
+        sent_key = sent_key.filter(kept) if sent_key is not None else None
+    arrays, names = [key, value, raw.column("offset"), raw.column("timestamp")], list(MESSAGE_SCHEMA.names)
     if settings.headers is not None and settings.headers.replicate:
-        return pa.RecordBatch.from_arrays([*arrays, raw.column("headers")], names=[*MESSAGE_SCHEMA.names, SOURCE_HEADERS]), deletes, keyless
-    return pa.RecordBatch.from_arrays(arrays, names=MESSAGE_SCHEMA.names), deletes, keyless
+        arrays, names = [*arrays, raw.column("headers")], [*names, SOURCE_HEADERS]
+    if sent_key is not None:
+        arrays, names = [*arrays, sent_key], [*names, SENT_KEY]
+    return pa.RecordBatch.from_arrays(arrays, names=names), deletes, keyless
 
 
 DELETE_OPS = ("delete", "d", "DELETE", "D")  # as the Spark SQL path reads them (spark/decode.py)
@@ -383,8 +390,13 @@ def _header_bytes(settings: DirectSettings, partition: int, messages: pa.RecordB
 
 
 def _key_lengths(messages: pa.RecordBatch, frame_bytes: int = 0) -> pa.Array:
-    """Each key's size with its frame (none for a null key)."""
-    return pc.fill_null(pc.add(pc.binary_length(messages.column("key")), frame_bytes), 0)
+    """Each key's size as sent, with its frame (none for a null key)."""
+    return pc.fill_null(pc.add(pc.binary_length(sent_keys(messages)), frame_bytes), 0)
+
+
+def sent_keys(messages: pa.RecordBatch) -> pa.Array:
+    """The keys the producer sends of kept messages (unframed)."""
+    return messages.column(SENT_KEY) if SENT_KEY in messages.schema.names else messages.column("key")
 
 
 def candidate_records(settings: DirectSettings, slices: list[Slice], candidates: np.ndarray, set_aside: dict[int, np.ndarray]) -> pa.Table:
@@ -435,7 +447,7 @@ def outgoing(kept: pa.RecordBatch, value_prefix: bytes, headers: pa.Array | None
     """What the producer sends of kept messages: the key and the value behind their registered
     schemas' frames (a null key or a tombstone stays null), and the headers with no partition
     chosen, when there are any."""
-    key, value = _framed(kept.column("key"), key_prefix), _framed(kept.column("value"), value_prefix)
+    key, value = _framed(sent_keys(kept), key_prefix), _framed(kept.column("value"), value_prefix)
     if headers is None:
         return pa.RecordBatch.from_arrays([key, value], names=["key", "value"])
     unassigned = pa.array(np.full(kept.num_rows, -1, np.int32))

@@ -2,8 +2,8 @@
 direct path's tasks (direct/task.py) and the Spark SQL path's kept batch (engine/stages/
 arrow_messages.py) write messages with.
 
-The key follows sink.options.key (shape/keys.py), or is the key columns' record in the key
-subject's registry format (key.format avro | json_schema); the value is the row's JSON as Spark's `to_json`
+The key follows sink.options.key (shape/keys.py); with key.format avro | json_schema the key
+sent is the key columns' record in the key subject's format (`registry_key`); the value is the row's JSON as Spark's `to_json`
 writes it (sinks/json_encode.py), in the dpone envelope when asked (shape/envelope.py), or the
 registered schema's bytes, unframed (formats/registry_values.py). A delete becomes what
 `deletes` says: a tombstone (no value), an envelope with op delete, or, disabled, the row as any
@@ -13,6 +13,7 @@ judges them (bad records, or a delete's source key).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -66,11 +67,8 @@ def key_and_value(
 def key_of(rule: MessageRule, columns: list[pa.Array], names: list[str], is_delete: pa.Array, source_key: pa.Array | None) -> pa.Array:
     """Each row's key (binary; null where there is none). Raises Unwritable."""
     try:
-        if rule.key_format is not None and rule.key_columns is not None:
-            key = _registry_key(rule.key_format, [columns[i] for i in rule.key_columns], [names[i] for i in rule.key_columns])
-        else:
-            key = keys.hash_row(columns, names) if rule.hash_row else keys.unique_key(columns, names, rule.key_columns)
-    except (json_encode.Unencodable, registry_values.Unencodable) as exc:
+        key = keys.hash_row(columns, names) if rule.hash_row else keys.unique_key(columns, names, rule.key_columns)
+    except json_encode.Unencodable as exc:
         raise Unwritable(str(exc)) from exc
     if rule.source_key_for_deletes and source_key is not None and len(is_delete) and pc.any(is_delete).as_py():
         key = pc.if_else(pc.and_(is_delete, key.is_null()), source_key, key)
@@ -107,12 +105,22 @@ def routed(columns: list[pa.Array], names: list[str], routes: tuple[tuple[str, s
     return columns, names
 
 
+def registry_key(rule: MessageRule, columns: list[pa.Array], names: list[str]) -> pa.Array | None:
+    """The key sent when keys are registry-encoded (unframed), None otherwise. A key is still
+    identified by `key_of`'s text, as the Spark SQL path identifies it: the key subject's schema
+    may map two texts to one record (a default for a null, a narrower type). Raises Unwritable."""
+    if rule.key_format is None or rule.key_columns is None:
+        return None
+    try:
+        return _registry_key(rule.key_format, [columns[i] for i in rule.key_columns], [names[i] for i in rule.key_columns])
+    except (json_encode.Unencodable, registry_values.Unencodable) as exc:
+        raise Unwritable(str(exc)) from exc
+
+
 def _registry_key(key_format: tuple[str, str], columns: list[pa.Array], names: list[str]) -> pa.Array:
     """The key columns' record in the key subject's format, null where every column is null."""
     fmt, schema_str = key_format
-    any_set = columns[0].is_valid()
-    for column in columns[1:]:
-        any_set = pc.or_(any_set, column.is_valid())
+    any_set = functools.reduce(pc.or_, [c.is_valid() for c in columns])
     if not len(any_set) or pc.all(any_set).as_py():
         return registry_values.encode_values(fmt, columns, names, schema_str)
     return _spread(registry_values.encode_values(fmt, [c.filter(any_set) for c in columns], names, schema_str), any_set)
