@@ -48,10 +48,11 @@ def rss_bytes(pid: int) -> int:
     return _status_kb(pid).get("VmRSS", 0) * 1024
 
 
-def anon_bytes(pid: int) -> int:
-    """The process's own memory (RssAnon): without the file pages it maps, which the kernel can
-    drop at any time (a memory-mapped file read counts in VmRSS as long as it stays mapped)."""
-    return _status_kb(pid, ("RssAnon",)).get("RssAnon", 0) * 1024
+def rss_and_anon_bytes(pid: int) -> tuple[int, int]:
+    """The process's RSS and its own memory (RssAnon: without the file pages it maps, which the
+    kernel can drop at any time; a memory-mapped file read counts in VmRSS while it stays mapped)."""
+    kb = _status_kb(pid, ("VmRSS", "RssAnon"))
+    return kb.get("VmRSS", 0) * 1024, kb.get("RssAnon", 0) * 1024
 
 
 def hwm_bytes(pid: int | None = None) -> int:
@@ -278,13 +279,13 @@ class TreeSampler:
             if self._cpu_seen is not None:
                 self._cpu_seen.update(cpu_now)
         for pid in pids:
-            rss = rss_bytes(pid)
+            rss, anon = rss_and_anon_bytes(pid)
             kind = cpu_now[pid][0] if pid in cpu_now else _kind(pid)
             if kind == "jvm":
                 peaks.jvm_rss += rss
             elif kind == "python_worker":
                 peaks.workers_rss += rss
-                peaks.workers_anon += anon_bytes(pid)
+                peaks.workers_anon += anon
             tree_rss += rss
             if with_pss:
                 tree_pss += rss if kind == "jvm" else pss_bytes(pid)

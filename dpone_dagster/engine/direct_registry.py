@@ -48,10 +48,8 @@ def prepare(manifest: Manifest, payload: StructType, registry_config: dict[str, 
     assert registry_config is not None
     # The decoded batch's fields are all nullable, as Spark's JSON decoder makes them.
     prepared = prepare_registry_schema(manifest, nullable_schema(payload), registry_config)
-    routes = routes_of(prepared)
-    keyed = set(manifest.sink.strategy.unique_key_columns) if manifest.sink.options.key.format in ("avro", "json_schema") else set()
-    if any("." in column or column in keyed for column, _ in routes):
-        return None, "a type change of a nested or registry-encoded key column routed to a new column (on_type_change: new_column)"
+    if any("." in column for column, _ in routes_of(prepared)):
+        return None, "a type change of a nested column routed to a new column (on_type_change: new_column)"
     fields = set(writer_schema(fmt, prepared.schema_str, list(prepared.message_indexes or []) or None, prepared.references).names)
     unknown = sorted(set(payload.names) - fields)
     if unknown:
@@ -72,6 +70,8 @@ def prepare_key(manifest: Manifest, prepared: PreparedSchema | None) -> tuple[Ke
         return None, "registry-encoded keys without unique_key columns"
     if key is not None and manifest.sink.options.deletes.enabled:
         return None, "deletes with registry-encoded keys (a delete keyed by its source record's key)"
+    if key is not None and any(column in key.columns for column, _ in routes_of(prepared)):
+        return None, "a type change of a registry-encoded key column routed to a new column (on_type_change: new_column)"
     return key, None
 
 

@@ -14,6 +14,7 @@ judges them (bad records, or a delete's source key).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -79,11 +80,8 @@ def _value(rule: MessageRule, columns: list[pa.Array], names: list[str], is_dele
     if rule.value_format is not None:
         fmt, schema_str, indexes, references = rule.value_format
         columns, names = routed(columns, names, rule.routes)
-        if deletes and rule.deletes == "tombstone":  # a tombstone's value is never encoded
-            upserts = pc.invert(is_delete)
-            encoded = registry_values.encode_values(fmt, [c.filter(upserts) for c in columns], names, schema_str, indexes, references)
-            return _spread(encoded, upserts)
-        return registry_values.encode_values(fmt, columns, names, schema_str, indexes, references)
+        upserts = pc.invert(is_delete) if deletes and rule.deletes == "tombstone" else None  # a tombstone's value is never encoded
+        return _encoded_where(upserts, columns, lambda cs: registry_values.encode_values(fmt, cs, names, schema_str, indexes, references))
     data = json_encode.encode_object(columns, names)
     value = envelope.wrap(data, rule.envelope) if rule.envelope is not None else data
     if deletes and rule.deletes == "event" and rule.delete_envelope is not None:
@@ -121,9 +119,15 @@ def _registry_key(key_format: tuple[str, str], columns: list[pa.Array], names: l
     """The key columns' record in the key subject's format, null where every column is null."""
     fmt, schema_str = key_format
     any_set = functools.reduce(pc.or_, [c.is_valid() for c in columns])
-    if not len(any_set) or pc.all(any_set).as_py():
-        return registry_values.encode_values(fmt, columns, names, schema_str)
-    return _spread(registry_values.encode_values(fmt, [c.filter(any_set) for c in columns], names, schema_str), any_set)
+    return _encoded_where(any_set, columns, lambda cs: registry_values.encode_values(fmt, cs, names, schema_str))
+
+
+def _encoded_where(where: pa.Array | None, columns: list[pa.Array], encode: Callable[[list[pa.Array]], pa.Array]) -> pa.Array:
+    """`encode(columns)` for the rows of `where` only (None: every row), null in the others, so a
+    row that is not sent is never encoded."""
+    if where is None or not len(where) or pc.all(where).as_py():
+        return encode(columns)
+    return _spread(encode([c.filter(where) for c in columns]), where)
 
 
 def _spread(values: pa.Array, where: pa.Array) -> pa.Array:
