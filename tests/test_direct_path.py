@@ -23,7 +23,14 @@ from confluent_kafka import Producer
 from conftest import consume_raw, create_topic, produce_json, unique_topic
 
 from dpone_dagster.direct import task
-from dpone_dagster.direct.keys import TaskHashes, candidates, in_sorted, key_hashes, left_out_by_policy
+from dpone_dagster.direct.keys import (
+    TaskHashes,
+    candidates,
+    in_sorted,
+    key_hashes,
+    left_out_by_policy,
+    repeated_keys,
+)
 from dpone_dagster.direct.progress import SliceProgress, SliceSchedule
 from dpone_dagster.engine.direct_keys import losers
 from dpone_dagster.engine.run import RunRequest, run_pipeline
@@ -851,6 +858,13 @@ def test_candidates_are_hashes_seen_twice_anywhere():
     # By bucket: each bucket finds the candidates of its own hashes.
     by_bucket = [candidates(parts).tolist() for parts in zip(*(t.split(3) for t in (first, second, third)), strict=True)]
     assert sorted(h for found in by_bucket for h in found) == [5, 9]
+
+
+def test_repeated_keys_are_the_keys_found_more_than_once():
+    """Candidate records whose hashes collide but whose keys differ give no repeated key."""
+    records = pa.table({"key": pa.array([b"b", b"a", b"c", b"b", b"a", b"b"]), "offset": pa.array(range(6))})
+    assert repeated_keys(records).to_pylist() == [b"a", b"b"]
+    assert repeated_keys(records.slice(0, 3)).to_pylist() == []
 
 
 def test_a_null_in_the_source_order_ranks_before_any_value():

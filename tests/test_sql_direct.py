@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from collections import Counter
 from pathlib import Path
@@ -211,6 +212,37 @@ def test_repeated_keys_are_settled_on_the_direct_path(broker, spark, kafka_env, 
     assert (b'"order_id":5,' in kept["c2"]) == (policy == "keep_last")
     assert (b'"order_id":4,' in kept["c2"]) == (policy == "keep_first")
     assert not kept_directory_exists(spark, direct.run_id)
+
+
+def test_duplicate_policy_fail_refuses_repeated_keys_on_the_direct_path(broker, spark, kafka_env, db, tmp_path, monkeypatch):
+    """Customer c<i/2> orders twice: duplicate_policy: fail refuses the batch on the direct path
+    itself (the Spark SQL path's de-duplication is never reached), with the Spark SQL path's
+    error; nothing is produced and the watermark stays. Unique keys under fail are produced."""
+    from dpone_dagster.sinks import kafka_messages
+
+    create_orders(db)
+    failures = {}
+    for path in ("direct", "spark_sql"):
+        dst = unique_topic(f"sqld_fail_{path}")
+        create_topic(broker.bootstrap_servers, dst, 2)
+        m = parse_manifest(manifest_text(dst, tmp_path / path, "{mode: incremental_merge, unique_key: customer, duplicate_policy: fail}"))
+        with monkeypatch.context() as patched, pytest.raises(RunFailed, match="duplicate_policy: fail") as refused:
+            if path == "direct":
+                patched.setattr(kafka_messages, "duplicate_keys", lambda *a, **k: pytest.fail("the Spark SQL path judged the keys"))
+            else:
+                patched.setenv("DPONE_DIRECT_PATH", "off")
+            run_pipeline(m, spark, RunRequest(run_id=f"sqld-fail-{path}"))
+        failures[path] = re.sub(r"\(e\.g\. \[.*?\]\)", "(e.g. ...)", str(refused.value))  # Spark samples any ten keys
+        assert consume_raw(broker.bootstrap_servers, dst, timeout_s=5) == []
+        assert stored_watermark(m) is None
+        assert not kept_directory_exists(spark, f"sqld-fail-{path}")
+    assert failures["direct"] == failures["spark_sql"] and "149 key(s)" in failures["direct"]
+
+    (direct, direct_records), (sql, sql_records) = run_both(
+        broker.bootstrap_servers, spark, tmp_path / "unique", monkeypatch, "{mode: incremental_merge, unique_key: order_id, duplicate_policy: fail}"
+    )
+    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
+    assert len(direct_records) == 300 and messages(direct_records) == messages(sql_records)
 
 
 def test_published_checks_with_rows_left_out_go_to_the_spark_sql_path(broker, spark, kafka_env, db, tmp_path):

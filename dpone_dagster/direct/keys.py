@@ -89,6 +89,13 @@ def candidates(tasks: Iterable[TaskHashes]) -> np.ndarray:
     return np.unique(np.concatenate([across, *repeated])) if repeated else across
 
 
+def repeated_keys(records: pa.Table) -> pa.Array:
+    """The keys (the `key` column) found more than once among `records`, sorted: a candidate hash
+    shared by different keys only gives none."""
+    counted = records.select(["key"]).group_by("key").aggregate([("key", "count")])
+    return counted.filter(pc.field("key_count") > 1).sort_by("key").column("key").combine_chunks()
+
+
 def left_out_by_policy(records: pa.Table, order: list[str], policy: str) -> pa.Table:
     """keep_last / keep_first among `records` (a `key` column, then the source order's columns
     `order`, most significant first): every record but one per key, as the Spark SQL path's

@@ -116,8 +116,8 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
 
 def candidate_records(files: list[tuple[int, str]], candidates: np.ndarray) -> pa.Table | None:
     """The kept messages of `files` (index, path) whose key hash is a candidate (direct/keys.py,
-    sorted): their key, file index, row number in it and source order; what the driver settles
-    repeated keys on."""
+    sorted): their key, file index, row number in it and source order (kept with keep_last /
+    keep_first only); what the driver settles repeated keys on."""
     found = []
     for index, path in files:
         for row, batch in _kept(path):
@@ -125,7 +125,10 @@ def candidate_records(files: list[tuple[int, str]], candidates: np.ndarray) -> p
             if len(chosen):
                 picked = batch.take(pa.array(chosen))
                 n = len(chosen)
-                found.append(pa.table({"key": picked.column("key"), "file": pa.array(np.full(n, index, np.int32)), "row": pa.array(chosen + row, pa.int64()), ORDER: picked.column(ORDER)}))
+                columns = {"key": picked.column("key"), "file": pa.array(np.full(n, index, np.int32)), "row": pa.array(chosen + row, pa.int64())}
+                if ORDER in picked.schema.names:
+                    columns[ORDER] = picked.column(ORDER)
+                found.append(pa.table(columns))
     return pa.concat_tables(found) if found else None
 
 

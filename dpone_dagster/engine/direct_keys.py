@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from dpone_dagster.direct import task
-from dpone_dagster.direct.keys import left_out_by_policy
+from dpone_dagster.direct.keys import left_out_by_policy, repeated_keys
 from dpone_dagster.engine.direct_attempt import ToSparkSql
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.sinks.kafka_messages import duplicates_refused, refuses_duplicates, uses_dedupe
@@ -62,27 +62,27 @@ def settle_repeated_keys(
         if is_connect(spark) and len(found) > CONNECT_CANDIDATES:
             raise ToSparkSql(f"more than {CONNECT_CANDIDATES:,} keys may repeat (Spark Connect: their hashes would travel in the plan)")
         if refuses_duplicates(manifest.sink):
-            _refuse_repeats(*jobs.run(lambda: _repeats_in_spark(spark, groups, read), seconds, "the count of repeated keys"))
+            refuse_repeats(*jobs.run(lambda: _repeats_in_spark(spark, groups, read), seconds, "the count of repeated keys"))
             return {}, 0
         if not uses_dedupe(manifest.sink):
             raise ToSparkSql(f"more than {DRIVER_CANDIDATES:,} keys may repeat (strategy {manifest.sink.strategy.mode}, duplicate_policy {policy})")
         return _losers_in_spark(spark, jobs, groups, read, seconds, policy)
     picked = jobs.in_tasks(groups, read, seconds, "the read of repeated keys")
     records = pa.concat_tables(picked)
-    repeated = records.group_by("key").aggregate([("key", "count")]).filter(pc.field("key_count") > 1)
-    if not repeated.num_rows:
+    repeated = repeated_keys(records)
+    if not len(repeated):
         return {}, 0  # hashes shared by different keys only
     if refuses_duplicates(manifest.sink):
-        _refuse_repeats(repeated.num_rows, repeated.sort_by("key")["key"].to_pylist())
+        refuse_repeats(len(repeated), repeated.to_pylist())
     if not uses_dedupe(manifest.sink):
-        raise ToSparkSql(f"{repeated.num_rows} key(s) repeat in the batch (strategy {manifest.sink.strategy.mode}, duplicate_policy {policy})")
-    return losers(records.filter(pc.is_in(records["key"], repeated["key"])), policy)
+        raise ToSparkSql(f"{len(repeated)} key(s) repeat in the batch (strategy {manifest.sink.strategy.mode}, duplicate_policy {policy})")
+    return losers(records.filter(pc.is_in(records["key"], repeated)), policy)
 
 
 SAMPLE = 10  # repeated keys named in a refusal
 
 
-def _refuse_repeats(count: int, keys: list[bytes]) -> None:
+def refuse_repeats(count: int, keys: list[bytes]) -> None:
     """duplicate_policy: fail over `count` keys that repeat (`keys`: a sample), as the Spark SQL
     path refuses them (sinks/kafka_messages.duplicates_refused)."""
     if count:

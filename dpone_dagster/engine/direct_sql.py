@@ -9,10 +9,11 @@ In the order of guarantees of every route (engine/run.py):
    (shape/message.py), keeps it in a file of its host, and reports counts and key hashes.
 2. judge: deletes with deletes disabled fail the run; min_rows and source_target_count gate the
    counts, the row-level checks (Great Expectations included) the read, kept before the scan.
-   keep_last / keep_first settle keys that repeat on the kept messages' source order. What the
-   Spark SQL path decides with its own rules — rows without their unique key, keys that repeat
-   in an append or under duplicate_policy: fail, messages over message.max.bytes, values the rule
-   does not write — sends the batch there (read again; nothing was produced).
+   keep_last / keep_first settle keys that repeat on the kept messages' source order, and
+   duplicate_policy: fail refuses them. What the Spark SQL path decides with its own rules — rows
+   without their unique key, keys that repeat in an append or under duplicate_policy: allow,
+   messages over message.max.bytes, values the rule does not write — sends the batch there (read
+   again; nothing was produced).
 3. produce: every gate passed, the registry schema (if any) is registered, the tasks produce
    the kept files; the delivery reports go to the commit, which moves the watermark.
 Every wait on the tasks is bounded (spark/jobs.py).
@@ -39,9 +40,10 @@ from pyspark.sql.types import StructType
 
 from dpone_dagster import columns as C
 from dpone_dagster.direct import sql_task
-from dpone_dagster.direct.keys import candidates, left_out_by_policy
+from dpone_dagster.direct.keys import candidates, left_out_by_policy, repeated_keys
 from dpone_dagster.engine import direct_checks, direct_registry
 from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
+from dpone_dagster.engine.direct_keys import refuse_repeats
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.stages.gates import pre_publish_gates
@@ -56,6 +58,7 @@ from dpone_dagster.quality.gates import check_stage
 from dpone_dagster.shape import message
 from dpone_dagster.shape.envelope import envelope_parts
 from dpone_dagster.shape.headers import HeaderSpec
+from dpone_dagster.sinks.kafka_messages import refuses_duplicates
 from dpone_dagster.sinks.registry import PreparedSchema
 from dpone_dagster.spark.jobs import BoundedJobs, deadline_s, waves
 from dpone_dagster.spark.keep import keep_batch, release_batch
@@ -133,13 +136,13 @@ def copy(
             reports = _scan(jobs, settings, frame, getattr(planned.boundary, "total", None))
             rows = result.rows_extracted = sum(r.rows for r in reports)
             _judge(reports)
-            left_out, removed = _settle_repeated_keys(jobs, settings, manifest, reports)
             result.notes.extend(extracted.notes)
         _gates(manifest, planned, result, rows, "quality_pre", "extracted", log, frame)
         with stage(result, "shape", log):
             deletes = sum(r.deletes for r in reports)
             if deletes and settings.rule.deletes == "fail":
                 raise deletes_disabled(deletes)
+            left_out, removed = _settle_repeated_keys(jobs, settings, manifest, reports)
             if settings.rule.deletes == "skip":
                 result.deletes_skipped = deletes
             expected = sum(r.messages for r in reports) - removed
@@ -278,13 +281,15 @@ def _settle_repeated_keys(
     jobs: BoundedJobs, settings: sql_task.SqlSettings, manifest: Manifest, reports: list[sql_task.SqlReport]
 ) -> tuple[dict[str, np.ndarray], int]:
     """The kept rows keep_last / keep_first leaves out (row numbers per file) and how many, settled
-    on the keys themselves from the candidate hashes; keys that repeat where the Spark SQL path
-    orders them (append) or refuses them (duplicate_policy: fail) send the batch there."""
+    on the keys themselves from the candidate hashes. Keys that repeat under duplicate_policy: fail
+    refuse the batch as the Spark SQL path does; where it orders them (append, duplicate_policy:
+    allow) the batch goes there."""
     hashed = [r.hashes for r in reports if r.hashes is not None]
     found = candidates(hashed) if hashed else np.zeros(0, np.uint64)
     if not len(found):
         return {}, 0
-    if settings.keep is None:
+    refuses = refuses_duplicates(manifest.sink)
+    if settings.keep is None and not refuses:
         raise ToSparkSql("keys that may repeat in the batch")
     if len(found) > MAX_CANDIDATES:
         raise ToSparkSql(f"more than {MAX_CANDIDATES:,} keys may repeat (their rows would come to the driver)")
@@ -295,6 +300,10 @@ def _settle_repeated_keys(
     if not tables:
         return {}, 0
     records = pa.concat_tables(tables)
+    if refuses:
+        repeated = repeated_keys(records)
+        refuse_repeats(len(repeated), repeated.to_pylist())
+        return {}, 0
     order = records.column(sql_task.ORDER).combine_chunks()
     names = [f"o{i}" for i in range(order.type.num_fields)]
     flat = pa.table([records.column("key"), *order.flatten(), records.column("file"), records.column("row")], names=["key", *names, "file", "row"])
