@@ -1127,6 +1127,76 @@ def test_time_windows_count_late_records_as_the_spark_sql_path_does(broker, spar
     assert sorted(json.loads(value)["m"] for _, value, _ in letters) == [10, 55]
 
 
+@pytest.mark.parametrize("late", ["next_window", "fail", "dead_letter"])
+def test_deletes_left_out_of_a_time_window_as_the_spark_sql_path_leaves_them(broker, spark, kafka_env, tmp_path, monkeypatch, late):
+    """deletes.when_disabled: skip in a time window whose late records include a delete: both
+    paths count the same late records (the late delete among them), leave out the same deletes,
+    produce and dead-letter the same messages and store the same windows."""
+    from datetime import UTC, datetime, timedelta
+
+    from dpone_dagster.kafka.windows import Window
+
+    bs = broker.bootstrap_servers
+    src = unique_topic("dwdsrc")
+    create_topic(bs, src, 2)
+    start = datetime(2024, 3, 1, tzinfo=UTC)
+    producer = Producer({"bootstrap.servers": bs})
+    # (partition, minute, tombstone): hour-1 offsets hold records stamped in hour 0 (late), one a tombstone.
+    events = [(0, 5, False), (0, 20, True), (0, 70, False), (0, 55, True), (0, 80, False), (0, 30, False),
+              (1, 1, False), (1, 61, True), (1, 90, False), (1, 10, False), (1, 110, True), (1, 150, False)]
+    for i, (p, minute, tombstone) in enumerate(events):
+        value = None if tombstone else json.dumps({"order_id": i, "m": minute}).encode()
+        producer.produce(src, value, str(i).encode(), partition=p, timestamp=int((start + timedelta(minutes=minute)).timestamp() * 1000))
+    assert producer.flush(30) == 0
+    windows = [Window(start + timedelta(hours=h), start + timedelta(hours=h + 1), f"2024-03-01-{h:02d}:00") for h in (0, 1)]
+
+    outcomes = {}
+    for path in ("direct", "spark_sql"):
+        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
+        dst, dlq = unique_topic(f"dwd_{path}"), unique_topic(f"dwdl_{path}")
+        create_topic(bs, dst, 2)
+        create_topic(bs, dlq, 1)
+        state = tmp_path / path
+        text = f"""
+name: wdel_{src}
+source:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {src}
+  options:
+    read_mode: time_window
+    partitions: {{granularity: hourly, start: "2024-03-01T00:00:00", late_records: {late}}}
+    dead_letter: {{topic: {dlq}}}
+sink:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {dst}
+  options: {{deletes: {{enabled: false, when_disabled: skip}}}}
+state: {{type: local, path: "{state}"}}
+"""
+        try:
+            result = run_pipeline(parse_manifest(text), spark, RunRequest(windows=windows))
+        except DataRefused as exc:
+            outcome: Any = ("refused", str(exc))
+        else:
+            assert result.execution_path == path
+            late_by_window = {w["start"]: w["late_records"] for w in result.boundary["windows"]}
+            outcome = (result.rows_extracted, result.deletes_skipped, result.messages_produced, result.boundary["late_records"], late_by_window)
+        letters = sorted((r["key"], r["value"]) for r in consume_raw(bs, dlq))
+        stored = {w: {k: v for k, v in fields.items() if k != "run_id"} for w, fields in LocalStateStore(str(state)).load_windows(src, f"dpone.wdel_{src}").items()}
+        outcomes[path] = (outcome, messages(consume_raw(bs, dst)), letters, stored)
+    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+    assert outcomes["direct"] == outcomes["spark_sql"]
+    outcome, delivered, letters, stored = outcomes["direct"]
+    if late == "fail":
+        assert outcome[0] == "refused" and not delivered and not stored
+    else:
+        assert outcome[3] == 3  # minutes 55 (a tombstone) and 30 in partition 0, 10 in 1, among hour 1's offsets
+        assert outcome[1] == (3 if late == "dead_letter" else 4)  # the late tombstone is a dead letter, not skipped
+        assert sum(delivered.values()) == outcome[2] and stored
+        assert len(letters) == (3 if late == "dead_letter" else 0)
+
+
 def test_a_producing_task_stops_at_its_bound_whatever_the_broker_does(monkeypatch):
     """No Spark: the task function itself, against a broker of its own frozen with SIGSTOP. Under
     a bound of 3 s the task ends by then, counting every message as not delivered, and purges its

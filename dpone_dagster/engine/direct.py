@@ -109,8 +109,6 @@ def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
         return format_reason
     if planned.boundary.method not in ("offsets", "max_records", "time_window"):
         return f"read_mode {planned.boundary.method}"
-    if isinstance(planned.source, LateRecordScreen) and not sink.options.deletes.enabled and sink.options.deletes.when_disabled == "skip":
-        return "deletes.when_disabled: skip in a time window (late records count the deletes too)"
     if not planned.boundary.total:
         return "nothing to read"
     if sink.strategy.mode not in STRATEGIES:
