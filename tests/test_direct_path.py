@@ -1134,6 +1134,8 @@ def test_deletes_left_out_of_a_time_window_as_the_spark_sql_path_leaves_them(bro
     produce and dead-letter the same messages and store the same windows."""
     from datetime import UTC, datetime, timedelta
 
+    from test_time_windows import manifest_text as window_manifest
+
     from dpone_dagster.kafka.windows import Window
 
     bs = broker.bootstrap_servers
@@ -1157,23 +1159,8 @@ def test_deletes_left_out_of_a_time_window_as_the_spark_sql_path_leaves_them(bro
         create_topic(bs, dst, 2)
         create_topic(bs, dlq, 1)
         state = tmp_path / path
-        text = f"""
-name: wdel_{src}
-source:
-  type: kafka
-  connection_id: kafka_cluster
-  topic: {src}
-  options:
-    read_mode: time_window
-    partitions: {{granularity: hourly, start: "2024-03-01T00:00:00", late_records: {late}}}
-    dead_letter: {{topic: {dlq}}}
-sink:
-  type: kafka
-  connection_id: kafka_cluster
-  topic: {dst}
-  options: {{deletes: {{enabled: false, when_disabled: skip}}}}
-state: {{type: local, path: "{state}"}}
-"""
+        text = window_manifest(src, dst, state, f", late_records: {late}", f"    dead_letter: {{topic: {dlq}}}")
+        text = text.replace(f"  topic: {dst}\n", f"  topic: {dst}\n  options: {{deletes: {{enabled: false, when_disabled: skip}}}}\n")
         try:
             result = run_pipeline(parse_manifest(text), spark, RunRequest(windows=windows))
         except DataRefused as exc:
@@ -1183,7 +1170,7 @@ state: {{type: local, path: "{state}"}}
             late_by_window = {w["start"]: w["late_records"] for w in result.boundary["windows"]}
             outcome = (result.rows_extracted, result.deletes_skipped, result.messages_produced, result.boundary["late_records"], late_by_window)
         letters = sorted((r["key"], r["value"]) for r in consume_raw(bs, dlq))
-        stored = {w: {k: v for k, v in fields.items() if k != "run_id"} for w, fields in LocalStateStore(str(state)).load_windows(src, f"dpone.wdel_{src}").items()}
+        stored = {w: {k: v for k, v in fields.items() if k != "run_id"} for w, fields in LocalStateStore(str(state)).load_windows(src, f"dpone.windows_{src}").items()}
         outcomes[path] = (outcome, messages(consume_raw(bs, dst)), letters, stored)
     monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
     assert outcomes["direct"] == outcomes["spark_sql"]
