@@ -8,6 +8,9 @@ from the data the target topic and the state store hold:
   (task slots × records_per_task), however the slices finish;
 - the same under keep_last, the kept record and the left-out one of a key in two partitions: the
   last message per key in the target is the one keep_last picks over both runs' records;
+- Python workers killed while the records of keys that repeat in an append are produced first, in
+  source order per key: nothing is stored, and each key's last message after the rerun is its
+  last record in source order;
 - the bound on a Spark Connect server, where the task slots are not known from a SparkContext.
 
 Each test reports what it measured through the fault_outcome fixture (docs/reliability.md).
@@ -32,6 +35,8 @@ from conftest import (
     consume_raw,
     create_topic,
     freeze_once_delivering,
+    kill_python_workers,
+    once_delivering,
     produce_json,
     unique_topic,
 )
@@ -228,6 +233,53 @@ def test_keep_last_never_leaves_a_stale_value_after_a_failed_store(broker, spark
         duplicated=duplicated,
         recovered=True,
         measured=f"14 records, key k in both partitions; cut at '{cuts[0]}'; last value of k after rerun '{last['k']}'; duplicates {duplicated}",
+    )
+
+
+def test_workers_killed_while_repeated_keys_are_produced_in_order(broker, spark, kafka_env, pg_env, pg_database, fault_outcome):
+    """An append whose keys all repeat, across two partitions whose timestamps interleave: their
+    records are produced first, in source order per key. The Spark Python workers are killed
+    (SIGKILL) once that produce delivers: the run fails and stores nothing; the rerun delivers
+    every record, the duplicates are at most what the failed run delivered, and each key's last
+    message in the target is its last record in source order."""
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("ordered"), unique_topic("ordered_out")
+    create_topic(bs, src, 2)
+    create_topic(bs, dst, 2)
+    rng = random.Random(11)
+    base = int(time.time() * 1000) - 600_000
+    events = [{"i": i, "k": f"k{rng.randrange(500)}", "pad": "x" * 200} for i in range(40_000)]
+    stamps = [base + rng.randrange(300_000) for _ in events]
+    for p in range(2):
+        mine = [i for i in range(len(events)) if i % 2 == p]
+        produce_json(bs, src, [events[i] for i in mine], partition=p, timestamps=[stamps[i] for i in mine])
+    # Source order: (timestamp, partition, offset); partition p holds i % 2 == p at offset i // 2.
+    last = {}
+    for i in sorted(range(len(events)), key=lambda i: (stamps[i], i % 2, i // 2)):
+        last[events[i]["k"]] = i
+    m = parse_manifest(manifest("ordered_kill", src, dst, 5_000, strategy="{mode: incremental_append, unique_key: k}"))
+    killed: list[int] = []
+    with pytest.raises(RunFailed):
+        run_pipeline(m, spark, RunRequest(log=once_delivering(bs, dst, lambda: kill_python_workers(killed))))
+    assert killed
+    assert stored_offsets(m) == {}
+    delivered = len(consume_raw(bs, dst))
+    rerun = run_pipeline(m, spark)
+    assert rerun.execution_path == "direct" and rerun.committed_offsets == {0: 20_000, 1: 20_000}
+    arrived = sorted(consume_all(bs, dst, timeout_s=60), key=lambda r: (r["partition"], r["offset"]))
+    ids = Counter(r["value"]["i"] for r in arrived)
+    assert set(ids) == set(range(len(events)))
+    duplicated = len(arrived) - len(events)
+    assert duplicated <= delivered
+    seen_last = {r["value"]["k"]: r["value"]["i"] for r in arrived}
+    assert seen_last == last, "a key's last message is not its last record in source order"
+    fault_outcome(
+        "3d. Spark Python workers killed while the records of repeated keys of an append are produced in order (direct path)",
+        "The run fails and stores nothing; the rerun delivers every record, and each key's last message is its last record in source order",
+        lost=0,
+        duplicated=duplicated,
+        recovered=True,
+        measured=f"40,000 records of 500 keys in 2 partitions; {len(killed)} worker(s) killed after {delivered:,} had arrived; duplicates after rerun {duplicated:,}",
     )
 
 

@@ -405,7 +405,7 @@ def candidate_records(settings: DirectSettings, slices: list[Slice], candidates:
     source offsets the scan set aside, per partition."""
     found = []
     for piece in slices:
-        for messages in _messages(settings, piece, set_aside.get(piece[1])):
+        for messages in slice_messages(settings, piece, set_aside.get(piece[1])):
             chosen = in_sorted(key_hashes(messages.column("key")), candidates)
             if chosen.any():
                 picked = messages.filter(pa.array(chosen)).select(["key", "offset", "timestamp"])
@@ -426,7 +426,7 @@ def produce(
     def messages() -> Iterator[pa.RecordBatch]:
         for piece in slices:
             dropped = skip.get(piece[1])
-            for batch in _messages(settings, piece, dropped):
+            for batch in slice_messages(settings, piece, dropped):
                 if dropped is not None and len(dropped):
                     batch = batch.filter(pa.array(~in_sorted(batch.column("offset").to_numpy(), dropped)))
                 if not batch.num_rows:
@@ -522,7 +522,7 @@ def records(settings: DirectSettings, piece: Slice, left_out: np.ndarray | None)
             yield raw
 
 
-def _messages(settings: DirectSettings, piece: Slice, left_out: np.ndarray | None) -> Iterator[pa.RecordBatch]:
+def slice_messages(settings: DirectSettings, piece: Slice, left_out: np.ndarray | None) -> Iterator[pa.RecordBatch]:
     """The shaped messages of one slice: from its spill file, or read and shaped again. Read
     again, the records the scan set aside must be among `left_out` (source offsets), or the task
     fails: the slice would not give the messages the driver judged."""

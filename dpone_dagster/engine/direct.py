@@ -53,7 +53,7 @@ from dpone_dagster.engine import direct_checks, direct_registry
 from dpone_dagster.engine.bad_records import handle_bad_records
 from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
 from dpone_dagster.engine.direct_keys import by_partition, settle_repeated_keys
-from dpone_dagster.engine.direct_load import produce_all, storing_rule
+from dpone_dagster.engine.direct_load import produce_all, produce_ordered, storing_rule
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.stages.gates import pre_publish_gates
@@ -183,7 +183,7 @@ def copy(
             if settings.deletes == "skip":
                 result.deletes_skipped = deletes
             set_aside = bad.positions()
-            skip, removed = settle_repeated_keys(manifest, spark, jobs, settings, groups, found, read_bound, set_aside)
+            skip, removed, ordered = settle_repeated_keys(manifest, spark, jobs, settings, groups, found, read_bound, set_aside)
             unpublished = _merged(skip, bad.positions("keyless"))  # not among the rows as published
             published = rows - removed - result.deletes_skipped - bad.left_out
             rows_published = decoded_rows(_merged(unpublished, undecodable), settings.deletes == "skip", published)
@@ -203,16 +203,18 @@ def copy(
     result.duplicates_removed = removed - result.deletes_skipped - bad.left_out
     result.execution_path = "direct"
     producer = producer_settings(manifest, sink_config)
-    checkpoint = storing_rule(manifest, planned.checkpoint, result.duplicates_removed, result)
+    checkpoint = storing_rule(manifest, planned.checkpoint, result.duplicates_removed, sum(len(o) for o in ordered.values()), result)
     try:
         if prepared is not None:  # every gate passed: the schema may be registered now
             value_prefix, key_prefix = direct_registry.register(manifest, prepared, registry_config, result)
             settings = replace(settings, value_prefix=value_prefix, key_prefix=key_prefix)
         publish_dead_letters(bad.letters, result, log)  # the output leaves, letters first
         with stage(result, "load", log):
-            left_out = _merged(skip, set_aside)
-            expected = {piece: n - _within(skip, piece) for report in reports for piece, n in report.kept}
-            rows_of_stats = produce_all(jobs, slots, settings, producer, groups, left_out, expected, boundary, checkpoint, log, result)
+            rows_of_stats = produce_ordered(jobs, settings, producer, groups, ordered, set_aside, log) if ordered else []
+            left_out = _merged(_merged(skip, ordered), set_aside)
+            expected = {piece: n - _within(skip, piece) - _within(ordered, piece) for report in reports for piece, n in report.kept}
+            if aggregate(rows_of_stats).ok:  # a failed delivery fails the run below, before anything more is sent
+                rows_of_stats += produce_all(jobs, slots, settings, producer, groups, left_out, expected, boundary, checkpoint, log, result)
         stats = aggregate(rows_of_stats)
         check_delivery(manifest, stats, result)
     except BaseException:  # the slices never produced keep their spill files until removed here

@@ -6,7 +6,9 @@ Up to DRIVER_CANDIDATES candidate hashes the driver ranks those records itself w
 direct paths share (direct/keys.left_out_by_policy); more are ranked by a Spark window over the
 records, partitioned by key (a shuffle on the cluster), and only the records left out — source
 partition and offset, 12 bytes each — come to the driver. The source order is (timestamp,
-partition, offset), as on the Spark SQL path (sinks/kafka_messages.dedupe)."""
+partition, offset), as on the Spark SQL path (sinks/kafka_messages.dedupe). Where every record is
+published (an append, duplicate_policy: allow), the records of keys that repeat are found the
+same way, and produced first, in that order per key (engine/direct_load.produce_ordered)."""
 
 from __future__ import annotations
 
@@ -47,12 +49,14 @@ def settle_repeated_keys(
     found: np.ndarray,
     seconds: float,
     set_aside: Offsets,
-) -> tuple[Offsets, int]:
-    """The source offsets to leave out per partition, and how many they are, from the candidate
-    key hashes `found`. Keys that repeat under duplicate_policy: fail refuse the batch as the Spark
-    SQL path does; where it orders them (append, duplicate_policy: allow) they raise ToSparkSql."""
+) -> tuple[Offsets, int, Offsets]:
+    """From the candidate key hashes `found`: the source offsets keep_last / keep_first leave out
+    per partition and how many they are, and the source offsets of every record of a key that
+    repeats where each record is published (an append, duplicate_policy: allow), which are
+    produced first, in source order per key (engine/direct_load.produce_ordered). Keys that repeat
+    under duplicate_policy: fail refuse the batch as the Spark SQL path does."""
     if not len(found):
-        return {}, 0
+        return {}, 0, {}
     policy = manifest.sink.strategy.duplicate_policy
 
     def read(group: list[task.Slice]) -> pa.Table:
@@ -63,20 +67,36 @@ def settle_repeated_keys(
             raise ToSparkSql(f"more than {CONNECT_CANDIDATES:,} keys may repeat (Spark Connect: their hashes would travel in the plan)")
         if refuses_duplicates(manifest.sink):
             refuse_repeats(*jobs.run(lambda: _repeats_in_spark(spark, groups, read), seconds, "the count of repeated keys"))
-            return {}, 0
+            return {}, 0, {}
         if not uses_dedupe(manifest.sink):
-            raise ToSparkSql(f"more than {DRIVER_CANDIDATES:,} keys may repeat (strategy {manifest.sink.strategy.mode}, duplicate_policy {policy})")
-        return _losers_in_spark(spark, jobs, groups, read, seconds, policy)
+            return {}, 0, _ordered(spark, jobs.run(lambda: repeated_records(_candidates(spark, groups, read)).toArrow(), seconds, "the records of repeated keys"))
+        return (*_losers_in_spark(spark, jobs, groups, read, seconds, policy), {})
     picked = jobs.in_tasks(groups, read, seconds, "the read of repeated keys")
     records = pa.concat_tables(picked)
     repeated = repeated_keys(records)
     if not len(repeated):
-        return {}, 0  # hashes shared by different keys only
+        return {}, 0, {}  # hashes shared by different keys only
     if refuses_duplicates(manifest.sink):
         refuse_repeats(len(repeated), repeated.to_pylist())
+    of_repeated = records.filter(pc.is_in(records["key"], repeated))
     if not uses_dedupe(manifest.sink):
-        raise ToSparkSql(f"{len(repeated)} key(s) repeat in the batch (strategy {manifest.sink.strategy.mode}, duplicate_policy {policy})")
-    return losers(records.filter(pc.is_in(records["key"], repeated)), policy)
+        return {}, 0, _ordered(spark, of_repeated)
+    return (*losers(of_repeated, policy), {})
+
+
+def _ordered(spark: SparkSession, records: pa.Table) -> Offsets:
+    """The source offsets of the records produced in order per key; over Spark Connect their
+    offsets travel in the plan of the ordered produce, as candidate hashes do."""
+    if is_connect(spark) and records.num_rows > CONNECT_CANDIDATES:
+        raise ToSparkSql(f"more than {CONNECT_CANDIDATES:,} records of repeated keys (Spark Connect: their offsets would travel in the plan)")
+    return by_partition(records)
+
+
+def repeated_records(records: DataFrame) -> DataFrame:
+    """The records (CANDIDATE_SCHEMA) whose key repeats, found by Spark (a shuffle by key):
+    partition and offset."""
+    count = F.count(F.lit(1)).over(Window.partitionBy("key"))
+    return records.withColumn("__count", count).where(F.col("__count") > 1).select("partition", "offset")
 
 
 SAMPLE = 10  # repeated keys named in a refusal

@@ -8,7 +8,9 @@ the offsets are stored by the rule that keeps the guarantees.
   after it), and when keep_last / keep_first left records of repeated keys out. A left-out record
   and the one kept over it may sit in different partitions or slices; storing one partition before
   the other could let a rerun, which no longer sees the kept record, publish the left-out one after
-  it (a stale last value per key).
+  it (a stale last value per key). Also when keys repeat where every record is published (an
+  append, duplicate_policy: allow): their records are produced first, in source order per key
+  (`produce_ordered`), so they are delivered from every slice before any slice is stored.
 Every wait is bounded (spark/jobs.py): a job that outlives its bound cancels the run's jobs and
 fails the run, naming it.
 """
@@ -22,22 +24,24 @@ from typing import Any
 import numpy as np
 
 from dpone_dagster.direct import task
+from dpone_dagster.direct.ordered import ORDERED_DDL, SOURCE_ORDER, ordered_messages
 from dpone_dagster.direct.progress import Slice, SliceSchedule
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.commit import reconciles
 from dpone_dagster.engine.stages.timing import Log
 from dpone_dagster.errors import RunFailed
 from dpone_dagster.kafka.boundary import Boundary
-from dpone_dagster.kafka.delivery import aggregate
+from dpone_dagster.kafka.delivery import STATS_COLUMNS, aggregate
 from dpone_dagster.manifest.models import Manifest
-from dpone_dagster.sinks.kafka import ProducerSettings
+from dpone_dagster.sinks.kafka import ProducerSettings, produce_batches
 from dpone_dagster.spark.jobs import BoundedJobs, Job, deadline_s, in_tasks, waves
+from dpone_dagster.spark.slots import local_task_slots
 
 Checkpoint = Callable[[dict[int, int]], None]
 Skip = dict[int, np.ndarray]  # source offsets left out, per partition
 
 
-def storing_rule(manifest: Manifest, planned_checkpoint: Checkpoint | None, removed: int, result: RunResult) -> Checkpoint | None:
+def storing_rule(manifest: Manifest, planned_checkpoint: Checkpoint | None, removed: int, ordered: int, result: RunResult) -> Checkpoint | None:
     """The checkpoint to store offsets with while the run produces, or None: once, at the commit."""
     if planned_checkpoint is None or reconciles(manifest):
         return None
@@ -47,7 +51,44 @@ def storing_rule(manifest: Manifest, planned_checkpoint: Checkpoint | None, remo
             "offsets are stored once, with the whole batch, so a rerun never publishes a left-out record after the one kept"
         )
         return None
+    if ordered:
+        result.notes.append(
+            f"direct path: {ordered} record(s) of repeated keys are produced first, in source order per key; "
+            "offsets are stored once, with the whole batch"
+        )
+        return None
     return planned_checkpoint
+
+
+def produce_ordered(
+    jobs: BoundedJobs, settings: task.DirectSettings, producer: ProducerSettings, groups: list[list[Slice]], ordered: Skip, set_aside: Skip, log: Log
+) -> list[dict[str, Any]]:
+    """Produce the messages of keys that repeat where every record is published (`ordered`: their
+    source offsets per partition), before the rest: the tasks read them from the slices, Spark
+    hands each key's messages to one producing task (a shuffle by key) in source order, as the
+    Spark SQL path orders them (sinks/kafka_messages.ordered_by_key). The delivery statistics rows."""
+    count = sum(len(offsets) for offsets in ordered.values())
+    spark = jobs.spark
+
+    def read(batches: Any) -> Any:
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                yield from ordered_messages(settings, groups[index], ordered, set_aside).to_batches()
+
+    frame = spark.range(0, len(groups), 1, max(1, len(groups))).mapInArrow(read, ORDERED_DDL)
+    by_key = frame.repartition("key").sortWithinPartitions(*SOURCE_ORDER).select("key", "value", "headers", "partition")
+    slots = local_task_slots(spark)
+    if slots is not None:
+        by_key = by_key.coalesce(slots)  # one producer per slot; a key stays in one partition, its order kept
+    seconds = deadline_s(count, producer.flush_timeout_s, waves(len(groups), slots or len(groups)))
+    bounded = producer.bounded(seconds)
+
+    def produce_task(batches: Any) -> Any:
+        yield from produce_batches(bounded, batches)
+
+    log(f"load: {count} message(s) of repeated keys produced first, in source order per key (direct path)")
+    rows = jobs.run(by_key.mapInArrow(produce_task, STATS_COLUMNS).collect, seconds, f"the ordered produce of {count} message(s) to '{producer.topic}'")
+    return [row.asDict() for row in rows]
 
 
 def produce_all(
