@@ -619,17 +619,23 @@ def test_append_without_repeats_and_with_null_or_composite_keys(broker, spark, k
 
 
 @pytest.mark.parametrize(
-    ("strategy", "sink_options"),
+    ("strategy", "sink_options", "found_by"),
     [
-        ("{mode: incremental_append, unique_key: customer}", "headers: {lineage: true, static: {team: dwh}}"),
-        ("{mode: incremental_merge, unique_key: [customer, region], duplicate_policy: allow}", ""),
+        ("{mode: incremental_append, unique_key: customer}", "headers: {lineage: true, static: {team: dwh}}", "driver"),
+        ("{mode: incremental_merge, unique_key: [customer, region], duplicate_policy: allow}", "", "driver"),
+        ("{mode: incremental_append, unique_key: customer}", "", "spark"),
     ],
 )
-def test_keys_that_repeat_where_every_record_is_published_keep_the_source_order(broker, spark, kafka_env, tmp_path, monkeypatch, strategy, sink_options):
+def test_keys_that_repeat_where_every_record_is_published_keep_the_source_order(broker, spark, kafka_env, tmp_path, monkeypatch, strategy, sink_options, found_by):
     """Keys repeat across three source partitions whose timestamps interleave otherwise than their
     offsets: the direct path publishes every record, and each key's messages reach the target in
     source order (timestamp, partition, offset) with the Spark SQL path's keys, values, headers
-    and partitions; nothing is left out or sent twice."""
+    and partitions; nothing is left out or sent twice. The records of repeated keys are found on
+    the driver, or by Spark past its limit of candidate keys."""
+    from dpone_dagster.engine import direct_keys
+
+    if found_by == "spark":
+        monkeypatch.setattr(direct_keys, "DRIVER_CANDIDATES", 1)
     bs = broker.bootstrap_servers
     src = unique_topic("dosrc")
     create_topic(bs, src, 3)
@@ -655,6 +661,130 @@ def test_keys_that_repeat_where_every_record_is_published_keep_the_source_order(
     direct_keys, sql_keys = per_key(direct, direct_records), per_key(sql, sql_records)
     assert direct_keys == sql_keys
     assert max(len(v) for v in direct_keys.values()) > 10  # keys do repeat, across partitions
+
+
+def test_unique_check_on_the_key_refuses_an_append_whose_keys_repeat_on_both_paths(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """An append whose unique key repeats, with a `unique` check (mode fail) on that key: both
+    paths refuse the batch, with the same count, before anything is produced."""
+    bs = broker.bootstrap_servers
+    src = unique_topic("urev")
+    create_topic(bs, src, 1)
+    produce_json(bs, src, [{"order_id": i % 10, "status": "new"} for i in range(40)], partition=0)
+    quality = "quality:\n  mode: fail\n  checks: [{type: unique, columns: [order_id]}]"
+    outcomes = {}
+    for path in ("direct", "spark_sql"):
+        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
+        dst = unique_topic(f"urev_{path}")
+        create_topic(bs, dst, 1)
+        m = parse_manifest(manifest_text(src, dst, tmp_path / path, "{mode: incremental_append, unique_key: order_id}", quality=quality))
+        try:
+            result = run_pipeline(m, spark)
+            outcomes[path] = ("success", result.execution_path, len(consume_raw(bs, dst)), [g for g in result.gates if "unique" in g["name"]])
+        except DataRefused as exc:
+            outcomes[path] = ("refused", str(exc)[:200], len(consume_raw(bs, dst)))
+    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+    assert outcomes["spark_sql"][0] == "refused" and outcomes["spark_sql"][2] == 0
+    assert outcomes["direct"] == outcomes["spark_sql"]
+
+
+@pytest.mark.parametrize("late", ["next_window", "dead_letter"])
+def test_repeated_keys_of_a_time_window_append_keep_the_source_order(broker, spark, kafka_env, tmp_path, monkeypatch, late):
+    """Two hourly windows of an append whose keys repeat, with tombstones (deletes enabled) and
+    late records (kept for the next window, or dead-lettered): each key's messages, the counts and
+    the dead letters are the Spark SQL path's."""
+    from datetime import UTC, datetime, timedelta
+
+    from dpone_dagster.kafka.windows import Window
+
+    bs = broker.bootstrap_servers
+    src = unique_topic("twrev")
+    create_topic(bs, src, 2)
+    start = datetime(2024, 3, 1, tzinfo=UTC)
+    producer = Producer({"bootstrap.servers": bs})
+    rng = random.Random(5)
+    for n in range(300):  # records past the first 20 stamped anywhere in two hours: some are late
+        minute = rng.randrange(120) if n > 20 else rng.randrange(60)
+        value = None if n % 17 == 0 else json.dumps({"order_id": n, "k": f"k{n % 7}", "m": minute}).encode()
+        producer.produce(src, value, f"k{n % 7}".encode(), partition=n % 2, timestamp=int((start + timedelta(minutes=minute)).timestamp() * 1000))
+    assert producer.flush(30) == 0
+    windows = [Window(start + timedelta(hours=h), start + timedelta(hours=h + 1), f"2024-03-01-{h:02d}:00") for h in (0, 1)]
+    outcomes = {}
+    for path in ("direct", "spark_sql"):
+        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
+        dst, dlq = unique_topic(f"twr_{path}"), unique_topic(f"twrl_{path}")
+        create_topic(bs, dst, 2)
+        create_topic(bs, dlq, 1)
+        text = f"""
+name: twr_{src}
+source:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {src}
+  options:
+    read_mode: time_window
+    partitions: {{granularity: hourly, start: "2024-03-01T00:00:00", late_records: {late}}}
+    dead_letter: {{topic: {dlq}}}
+sink:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {dst}
+  strategy: {{mode: incremental_append, unique_key: k}}
+  options: {{deletes: {{enabled: true, tombstone: true}}, headers: {{lineage: true}}}}
+state: {{type: local, path: "{tmp_path / path}"}}
+"""
+        result = run_pipeline(parse_manifest(text), spark, RunRequest(windows=windows))
+        assert result.execution_path == path, result.notes
+        per_key = {}
+        for r in sorted(consume_raw(bs, dst), key=lambda r: (r["partition"], r["offset"])):
+            per_key.setdefault(r["key"], []).append((r["partition"], r["value"], tuple(r["headers"] or ())))
+        outcomes[path] = (result.rows_extracted, result.messages_produced, per_key, sorted(x["value"] or b"" for x in consume_raw(bs, dlq)))
+    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+    assert outcomes["direct"] == outcomes["spark_sql"]
+
+
+def test_ordered_phase_with_spill_files_gone_and_bad_records(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """Spill files removed before the ordered produce (as on a cluster where a task lands on
+    another executor): every slice is read again, the bad records set aside stay out (dead
+    letters), and each key's messages match the Spark SQL path's."""
+    from dpone_dagster.direct import task
+    from dpone_dagster.engine import direct as direct_engine
+
+    bs = broker.bootstrap_servers
+    src = unique_topic("sprev")
+    create_topic(bs, src, 2)
+    for p in range(2):
+        rows = [{"order_id": i % 50, "amount": 1.5, "n": p * 1000 + i} for i in range(600)]
+        rows[7] = b"{not json"
+        rows[300] = {"order_id": None, "amount": 2.0, "n": -1}
+        produce_json(bs, src, rows, partition=p, timestamps=[1_700_000_000_000 + (i * 7919) % 1000 for i in range(600)])
+    original = direct_engine.produce_ordered
+    calls = []
+
+    def gone_then_produce(jobs, window, settings, producer, groups, ordered, set_aside, log):
+        jobs.in_tasks(groups, lambda g: task.remove_spills(settings, g), 60, "remove")
+        calls.append(sum(len(v) for v in ordered.values()))
+        return original(jobs, window, settings, producer, groups, ordered, set_aside, log)
+
+    monkeypatch.setattr(direct_engine, "produce_ordered", gone_then_produce)
+    outcomes = {}
+    for path in ("direct", "spark_sql"):
+        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
+        dst, dlq = unique_topic(f"spr_{path}"), unique_topic(f"sprl_{path}")
+        create_topic(bs, dst, 2)
+        create_topic(bs, dlq, 1)
+        text = manifest_text(src, dst, tmp_path / path, "{mode: incremental_append, unique_key: order_id}", "headers: {lineage: true}")
+        text = text.replace("options: {group_id:", f"options: {{on_error: dead_letter, dead_letter: {{topic: {dlq}}}, group_id:")
+        result = run_pipeline(parse_manifest(text), spark)
+        assert result.execution_path == path, result.notes
+        per_key = {}
+        for r in sorted(consume_raw(bs, dst), key=lambda r: (r["partition"], r["offset"])):
+            per_key.setdefault(r["key"], []).append((r["partition"], r["value"], tuple(r["headers"] or ())))
+        outcomes[path] = (result.rows_extracted, result.rows_dead_lettered, result.messages_produced, result.committed_offsets, per_key, len(consume_raw(bs, dlq)))
+    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+    assert calls and calls[0] > 0
+    d, s = outcomes["direct"], outcomes["spark_sql"]
+    assert d[:4] == s[:4] and d[5] == s[5], (d[:4], s[:4], d[5], s[5])
+    assert d[4] == s[4]
 
 
 def test_what_only_spark_sql_does_goes_there_before_anything_is_produced(broker, spark, kafka_env, tmp_path, monkeypatch):
@@ -849,11 +979,11 @@ def test_a_produce_task_without_its_spill_reads_the_slice_again(broker, kafka_en
         run_id="r1",
     )
     piece = (src, 0, 500, 1000)
-    kept = list(task._messages(settings, piece, None))  # no spill yet: read and shaped
+    kept = list(task.slice_messages(settings, piece, None))  # no spill yet: read and shaped
     report = task.scan(settings, [piece])
     assert report.refused is None and report.rows == 500
     assert Path(task.spill_path(settings, piece)).exists()
-    from_spill = list(task._messages(settings, piece, None))
+    from_spill = list(task.slice_messages(settings, piece, None))
     assert pa.Table.from_batches(from_spill).equals(pa.Table.from_batches(kept))
     first = json.loads(from_spill[0].column("value")[0].as_py())
     assert first == {"order_id": 0, "note": "plain", "tags": []}
@@ -868,10 +998,10 @@ def test_a_produce_task_without_its_spill_reads_the_slice_again(broker, kafka_en
     report = task.scan(screening, [bad_piece])
     assert report.rows == 10 and report.set_aside["offset"].to_pylist() == [1_003]
     task.remove_spills(screening, [bad_piece])
-    again = pa.Table.from_batches(list(task._messages(screening, bad_piece, np.array([1_003]))))
+    again = pa.Table.from_batches(list(task.slice_messages(screening, bad_piece, np.array([1_003]))))
     assert again["offset"].to_pylist() == [1_000, 1_001, 1_002, *range(1_004, 1_010)]
     with pytest.raises(RuntimeError, match="sets aside records its scan did not"):
-        list(task._messages(screening, bad_piece, None))
+        list(task.slice_messages(screening, bad_piece, None))
 
 
 # --------------------------------------------------------------------------- pure parts

@@ -40,9 +40,10 @@ def ordered_messages(settings: task.DirectSettings, slices: list[Slice], ordered
     aside, per partition (never among `ordered`)."""
     found = []
     for piece in slices:
-        wanted = ordered.get(piece[1])
-        if wanted is None or not len(wanted):
-            continue
+        _, partition, start, end = piece
+        wanted = ordered.get(partition)
+        if wanted is None or not np.any((wanted >= start) & (wanted < end)):
+            continue  # no record of this slice is produced first: it is not read
         for batch in task.slice_messages(settings, piece, set_aside.get(piece[1])):
             chosen = in_sorted(batch.column("offset").to_numpy(), wanted)
             if not chosen.any():

@@ -77,6 +77,7 @@ from dpone_dagster.shape import message
 from dpone_dagster.shape.envelope import envelope_parts
 from dpone_dagster.shape.headers import HeaderSpec
 from dpone_dagster.sinks.dead_letters import DeadLetters
+from dpone_dagster.sinks.kafka_messages import refuses_duplicates, uses_dedupe
 from dpone_dagster.sinks.registry import PreparedSchema
 from dpone_dagster.sources.kafka import KafkaBatchSource
 from dpone_dagster.sources.kafka_reader import RAW_SCHEMA
@@ -210,9 +211,10 @@ def copy(
             settings = replace(settings, value_prefix=value_prefix, key_prefix=key_prefix)
         publish_dead_letters(bad.letters, result, log)  # the output leaves, letters first
         with stage(result, "load", log):
-            rows_of_stats = produce_ordered(jobs, settings, producer, groups, ordered, set_aside, log) if ordered else []
-            left_out = _merged(_merged(skip, ordered), set_aside)
-            expected = {piece: n - _within(skip, piece) - _within(ordered, piece) for report in reports for piece, n in report.kept}
+            rows_of_stats = produce_ordered(jobs, slots, settings, producer, groups, ordered, set_aside, log) if ordered else []
+            not_in_slices = _merged(skip, ordered)  # left out, or produced first
+            left_out = _merged(not_in_slices, set_aside)
+            expected = {piece: n - _within(not_in_slices, piece) for report in reports for piece, n in report.kept}
             if aggregate(rows_of_stats).ok:  # a failed delivery fails the run below, before anything more is sent
                 rows_of_stats += produce_all(jobs, slots, settings, producer, groups, left_out, expected, boundary, checkpoint, log, result)
         stats = aggregate(rows_of_stats)
@@ -365,7 +367,10 @@ def _settings(
         if missing:
             return None, None, f"unique_key column(s) {missing} not in the batch"
         key_columns = tuple(names.index(c) for c in sink.strategy.unique_key_columns)
-    message_key = tuple(names[i] for i in key_columns) if key_columns is not None and sink.options.key.mode == "unique_key" else ()
+    # Published once per key only where repeated keys are settled (de-duplicated or refused); where
+    # every record is published, `unique` on the key is left to Spark SQL, which counts repeats.
+    once_per_key = key_columns is not None and (uses_dedupe(sink) or refuses_duplicates(sink))
+    message_key = tuple(names[i] for i in key_columns) if once_per_key and key_columns is not None else ()
     options = sink.options
     reason = message.unwritable_type(schema, key_columns, options.message_format == "json", options.key.mode == "hash_row")
     if reason is not None:

@@ -61,7 +61,14 @@ def storing_rule(manifest: Manifest, planned_checkpoint: Checkpoint | None, remo
 
 
 def produce_ordered(
-    jobs: BoundedJobs, settings: task.DirectSettings, producer: ProducerSettings, groups: list[list[Slice]], ordered: Skip, set_aside: Skip, log: Log
+    jobs: BoundedJobs,
+    window: int,
+    settings: task.DirectSettings,
+    producer: ProducerSettings,
+    groups: list[list[Slice]],
+    ordered: Skip,
+    set_aside: Skip,
+    log: Log,
 ) -> list[dict[str, Any]]:
     """Produce the messages of keys that repeat where every record is published (`ordered`: their
     source offsets per partition), before the rest: the tasks read them from the slices, Spark
@@ -80,15 +87,21 @@ def produce_ordered(
     slots = local_task_slots(spark)
     if slots is not None:
         by_key = by_key.coalesce(slots)  # one producer per slot; a key stays in one partition, its order kept
-    seconds = deadline_s(count, producer.flush_timeout_s, waves(len(groups), slots or len(groups)))
+    # The tasks read their groups' slices (from Kafka again where a spill is not on their host),
+    # then one task may produce every message (a single key).
+    largest = max(sum(p[3] - p[2] for p in group) for group in groups)
+    seconds = deadline_s(largest, producer.flush_timeout_s, waves(len(groups), window)) + deadline_s(count, producer.flush_timeout_s)
     bounded = producer.bounded(seconds)
 
     def produce_task(batches: Any) -> Any:
         yield from produce_batches(bounded, batches)
 
     log(f"load: {count} message(s) of repeated keys produced first, in source order per key (direct path)")
-    rows = jobs.run(by_key.mapInArrow(produce_task, STATS_COLUMNS).collect, seconds, f"the ordered produce of {count} message(s) to '{producer.topic}'")
-    return [row.asDict() for row in rows]
+    rows = [row.asDict() for row in jobs.run(by_key.mapInArrow(produce_task, STATS_COLUMNS).collect, seconds, f"the ordered produce of {count} message(s) to '{producer.topic}'")]
+    stats = aggregate(rows)
+    if stats.ok and stats.delivered != count:  # the slices read again gave other messages
+        raise RunFailed(f"{stats.delivered} message(s) of repeated keys acknowledged where the batch was judged with {count}; nothing was stored")
+    return rows
 
 
 def produce_all(
