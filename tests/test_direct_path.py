@@ -694,6 +694,8 @@ def test_repeated_keys_of_a_time_window_append_keep_the_source_order(broker, spa
     the dead letters are the Spark SQL path's."""
     from datetime import UTC, datetime, timedelta
 
+    from test_time_windows import manifest_text as window_manifest
+
     from dpone_dagster.kafka.windows import Window
 
     bs = broker.bootstrap_servers
@@ -714,24 +716,9 @@ def test_repeated_keys_of_a_time_window_append_keep_the_source_order(broker, spa
         dst, dlq = unique_topic(f"twr_{path}"), unique_topic(f"twrl_{path}")
         create_topic(bs, dst, 2)
         create_topic(bs, dlq, 1)
-        text = f"""
-name: twr_{src}
-source:
-  type: kafka
-  connection_id: kafka_cluster
-  topic: {src}
-  options:
-    read_mode: time_window
-    partitions: {{granularity: hourly, start: "2024-03-01T00:00:00", late_records: {late}}}
-    dead_letter: {{topic: {dlq}}}
-sink:
-  type: kafka
-  connection_id: kafka_cluster
-  topic: {dst}
-  strategy: {{mode: incremental_append, unique_key: k}}
-  options: {{deletes: {{enabled: true, tombstone: true}}, headers: {{lineage: true}}}}
-state: {{type: local, path: "{tmp_path / path}"}}
-"""
+        text = window_manifest(src, dst, tmp_path / path, f", late_records: {late}", f"    dead_letter: {{topic: {dlq}}}")
+        sink = "  strategy: {mode: incremental_append, unique_key: k}\n  options: {deletes: {enabled: true, tombstone: true}, headers: {lineage: true}}\n"
+        text = text.replace(f"  topic: {dst}\n", f"  topic: {dst}\n{sink}")
         result = run_pipeline(parse_manifest(text), spark, RunRequest(windows=windows))
         assert result.execution_path == path, result.notes
         per_key = {}
