@@ -72,6 +72,8 @@ MERGE = "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_
 ROUTES: dict[str, tuple[str, str]] = {  # route -> (strategy, sink options)
     "json_append": (APPEND, "{}"),
     "json_merge": (MERGE, "{}"),
+    # Every key repeats (8 countries): the whole batch is produced in source order per key first.
+    "json_append_repeated_keys": ("{mode: incremental_append, unique_key: country}", "{}"),
     "json_merge_expectations": (MERGE, "{}"),  # json_merge with the checks of QUALITY
     "json_envelope_headers": (APPEND, "{envelope: dpone, headers: {static: {team: dwh}, lineage: true}}"),
     "avro": (APPEND, "{message_format: avro, schema_registry: {enabled: true}}"),
@@ -118,6 +120,8 @@ def hand_encoder(route: str, src: str, dst: str, registry_url: str) -> Encode:
             event = {name: getattr(message, name) for name in names}
             return dumps(event).encode(), str(event["order_id"]).encode(), None
         return from_protobuf
+    if route == "json_append_repeated_keys":
+        return lambda raw: (dumps(event := loads(raw)).encode(), event["country"].encode(), None)
     if route in ("json_append", "json_merge", "json_merge_expectations"):
         return lambda raw: (dumps(event := loads(raw)).encode(), str(event["order_id"]).encode(), None)
     if route == "json_envelope_headers":
