@@ -44,7 +44,7 @@ def ordered_messages(settings: task.DirectSettings, slices: list[Slice], ordered
         wanted = ordered.get(partition)
         if wanted is None or not np.any((wanted >= start) & (wanted < end)):
             continue  # no record of this slice is produced first: it is not read
-        for batch in task.slice_messages(settings, piece, set_aside.get(piece[1])):
+        for batch in task.slice_messages(settings, piece, set_aside.get(partition)):
             chosen = in_sorted(batch.column("offset").to_numpy(), wanted)
             if not chosen.any():
                 continue
@@ -52,7 +52,7 @@ def ordered_messages(settings: task.DirectSettings, slices: list[Slice], ordered
             listed = None
             if settings.headers is not None:
                 source = picked.column(task.SOURCE_HEADERS) if task.SOURCE_HEADERS in picked.schema.names else None
-                listed = message_headers.headers(settings.headers, piece[1], picked.column("offset"), source)
+                listed = message_headers.headers(settings.headers, partition, picked.column("offset"), source)
             sent = task.outgoing(picked, settings.value_prefix, listed, settings.key_prefix)
             n = picked.num_rows
             headers = sent.column("headers") if "headers" in sent.schema.names else pa.array([[]] * n, HEADERS_TYPE)
@@ -64,7 +64,7 @@ def ordered_messages(settings: task.DirectSettings, slices: list[Slice], ordered
                         headers,
                         pa.array(np.full(n, -1, np.int32)),
                         picked.column("timestamp"),
-                        pa.array(np.full(n, piece[1], np.int32)),
+                        pa.array(np.full(n, partition, np.int32)),
                         picked.column("offset"),
                     ],
                     schema=ORDERED_SCHEMA,

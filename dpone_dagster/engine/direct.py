@@ -53,7 +53,7 @@ from dpone_dagster.engine import direct_checks, direct_registry
 from dpone_dagster.engine.bad_records import handle_bad_records
 from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
 from dpone_dagster.engine.direct_keys import by_partition, settle_repeated_keys
-from dpone_dagster.engine.direct_load import produce_all, produce_ordered, storing_rule
+from dpone_dagster.engine.direct_load import largest_group, produce_all, produce_ordered, storing_rule
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.stages.gates import pre_publish_gates
@@ -146,7 +146,7 @@ def copy(
     groups = [[slices[i] for i in group] for group in pack_tasks(tasks, local_task_slots(spark))]
     jobs = BoundedJobs(spark, result.run_id)
     slots = produce_slots(spark)
-    largest = max(sum(p[3] - p[2] for p in group) for group in groups)
+    largest = largest_group(groups)
     read_bound = deadline_s(largest, READ_WAIT_S, waves(len(groups), slots))
     attempt = Attempt.begin(result)
     try:

@@ -60,6 +60,11 @@ def storing_rule(manifest: Manifest, planned_checkpoint: Checkpoint | None, remo
     return planned_checkpoint
 
 
+def largest_group(groups: list[list[Slice]]) -> int:
+    """The most offsets one task's slices hold: what a job's time bound is sized by."""
+    return max(sum(p[3] - p[2] for p in group) for group in groups)
+
+
 def produce_ordered(
     jobs: BoundedJobs,
     window: int,
@@ -89,7 +94,7 @@ def produce_ordered(
         by_key = by_key.coalesce(slots)  # one producer per slot; a key stays in one partition, its order kept
     # The tasks read their groups' slices (from Kafka again where a spill is not on their host),
     # then one task may produce every message (a single key).
-    largest = max(sum(p[3] - p[2] for p in group) for group in groups)
+    largest = largest_group(groups)
     seconds = deadline_s(largest, producer.flush_timeout_s, waves(len(groups), window)) + deadline_s(count, producer.flush_timeout_s)
     bounded = producer.bounded(seconds)
 
@@ -129,7 +134,7 @@ def produce_all(
             f"{max(p[3] - p[2] for p in pieces)} offsets delivered and not yet stored at any moment"
         )
         return _slice_by_slice(jobs, window, settings, producer, pieces, skip, expected, boundary, checkpoint, log)
-    largest = max(sum(p[3] - p[2] for p in group) for group in groups)
+    largest = largest_group(groups)
     seconds = deadline_s(largest, producer.flush_timeout_s, waves(len(groups), window))
     bounded = producer.bounded(seconds)
     produced = jobs.in_tasks(
