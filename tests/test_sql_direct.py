@@ -167,25 +167,19 @@ def test_an_avro_sink_registers_once_every_gate_passed(broker, spark, kafka_env,
     ("case", "strategy", "why"),
     [
         ("repeated_keys", "{mode: incremental_append, unique_key: customer}", "keys that may repeat"),
-        ("keyless", "{mode: incremental_append, unique_key: amount}", "without their key"),
         ("large_double", "{mode: incremental_append, unique_key: order_id}", "a double of magnitude 1e16"),
     ],
 )
 def test_what_only_the_spark_sql_path_decides_goes_there(broker, spark, kafka_env, db, tmp_path, case, strategy, why):
-    """Repeated keys of an append (ordered by key there), rows without their key (their bad-record policy: fail), a double
-    Java prints otherwise than the shortest digits: the batch is read again by the Spark SQL
-    path, which decides as it always did; nothing was produced by the first attempt."""
+    """Repeated keys of an append (ordered by key there), a double Java prints otherwise than the
+    shortest digits: the batch is read again by the Spark SQL path, which decides as it always
+    did; nothing was produced by the first attempt."""
     create_orders(db)
     if case == "large_double":
         execute(db, "UPDATE orders SET rate = 1e20 WHERE order_id = 7")
     dst = unique_topic(f"sqld_{case}")
     create_topic(broker.bootstrap_servers, dst, 2)
     m = parse_manifest(manifest_text(dst, tmp_path, strategy))
-    if case == "keyless":
-        with pytest.raises(DataRefused, match=r"have no unique key; nothing was produced and the watermark did not move"):
-            run_pipeline(m, spark)
-        assert consume_raw(broker.bootstrap_servers, dst, timeout_s=5) == []
-        return
     result = run_pipeline(m, spark)
     assert result.execution_path == "spark_sql"
     assert any(why in n for n in result.notes), result.notes
@@ -194,6 +188,69 @@ def test_what_only_the_spark_sql_path_decides_goes_there(broker, spark, kafka_en
     assert len(records) == 300
     if case == "large_double":
         assert any(b'"rate":1.0E20' in r["value"] for r in records)
+
+
+# Rows the sink cannot take: (strategy, sink options, the table's change, the refusal both paths give,
+# whether the direct path decides it).
+REFUSED_ROWS = {
+    # amount is null in every 11th row: 27 rows without their key.
+    "keyless_rows": ("{mode: incremental_append, unique_key: amount}", "{}", "", (DataRefused, r"^27 record\(s\) have no unique key; nothing"), True),
+    # Those rows are deletes: no tombstone can be keyed.
+    "keyless_tombstones": (
+        "{mode: incremental_merge, unique_key: amount}",
+        "{deletes: {enabled: true, tombstone: true}}",
+        "UPDATE orders SET __dpone__op = CASE WHEN amount IS NULL THEN 'delete' ELSE 'upsert' END",
+        (RunFailed, r"^27 delete\(s\) have no key, so no tombstone"),
+        True,
+    ),
+    # Six rows of 5,000 bytes over a limit of 4,000.
+    "oversized": (
+        "{mode: incremental_append, unique_key: order_id}",
+        "{delivery: {producer_config: {message.max.bytes: 4000}}}",
+        "UPDATE orders SET note = repeat('x', 5000) WHERE order_id % 50 = 0",
+        (DataRefused, r"^6 message\(s\) exceed message.max.bytes 4000; nothing .* sink.options.delivery.producer_config"),
+        True,
+    ),
+    # keep_last leaves five of them out (each the earlier order of its customer): only the Spark
+    # SQL path, which measures the messages it keeps, counts one.
+    "oversized_left_out": (
+        "{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_last}",
+        "{delivery: {producer_config: {message.max.bytes: 4000}}}",
+        "UPDATE orders SET note = repeat('x', 5000) WHERE order_id % 50 = 0",
+        (DataRefused, r"^1 message\(s\) exceed message.max.bytes 4000"),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED_ROWS))
+def test_rows_the_sink_cannot_take_refuse_the_batch_as_on_the_spark_sql_path(broker, spark, kafka_env, db, tmp_path, monkeypatch, case):
+    """Rows without their key, deletes without a key for their tombstone, messages over
+    message.max.bytes: a SQL source has no bad-record policy, so the batch is refused with the
+    Spark SQL path's error, on the direct path itself where its count is the same; nothing is
+    produced, the watermark stays and no kept file outlives the run."""
+    from dpone_dagster.engine import run as run_module
+
+    strategy, options, change, (error, refusal), decided_there = REFUSED_ROWS[case]
+    create_orders(db, extra=", __dpone__op text")
+    if change:
+        execute(db, change)
+    failures = {}
+    for path in ("direct", "spark_sql"):
+        dst = unique_topic(f"sqld_{case}_{path}")
+        create_topic(broker.bootstrap_servers, dst, 2)
+        m = parse_manifest(manifest_text(dst, tmp_path / path, strategy, options))
+        with monkeypatch.context() as patched, pytest.raises(error, match=refusal) as refused:
+            if path == "spark_sql":
+                patched.setenv("DPONE_DIRECT_PATH", "off")
+            elif decided_there:
+                patched.setattr(run_module, "shape_messages", lambda *a, **k: pytest.fail("the Spark SQL path shaped the batch"))
+            run_pipeline(m, spark, RunRequest(run_id=f"sqld-{case}-{path}"))
+        failures[path] = str(refused.value)
+        assert consume_raw(broker.bootstrap_servers, dst, timeout_s=5) == []
+        assert stored_watermark(m) is None
+        assert not kept_directory_exists(spark, f"sqld-{case}-{path}")
+    assert failures["direct"] == failures["spark_sql"]
 
 
 @pytest.mark.parametrize("policy", ["keep_last", "keep_first"])

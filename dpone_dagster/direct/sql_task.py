@@ -65,7 +65,9 @@ class SqlReport:
     rows: int = 0
     deletes: int = 0
     messages: int = 0
-    keyless: int = 0  # upserts without their unique key, deletes without any key
+    keyless: int = 0  # upserts without their unique key
+    keyless_deletes: int = 0  # deletes without a key to make their tombstone of
+    null_keys: int = 0  # other messages with a null key among keys the driver settles
     oversized: int = 0  # messages over message.max.bytes
     refused: str | None = None  # a value the rule does not write
     hashes: TaskHashes | None = None
@@ -75,7 +77,7 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
     """Write the messages of one Spark partition's rows into its file; never raises for a row
     (the report says what the driver must judge)."""
     path = spill_path(settings, partition)
-    rows = deletes = messages = keyless = oversized = 0
+    rows = deletes = messages = keyless = keyless_deletes = null_keys = oversized = 0
     hashes: list[np.ndarray] = []
     refused = None
     rule, names = settings.rule, list(settings.names)
@@ -97,8 +99,13 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
             except message.Unwritable as exc:
                 refused = str(exc)
                 continue
-            missing = key.null_count if (rule.key_columns is not None or (found and rule.deletes == "tombstone")) else 0
-            keyless += missing
+            missing = key.null_count
+            if missing:  # judged by the driver as the Spark SQL path judges them (engine/stages/shape.py)
+                upserts = int(pc.sum(pc.and_(pc.is_null(key), pc.invert(is_delete))).as_py() or 0)
+                tombstones = missing - upserts if rule.deletes == "tombstone" else 0
+                keyless += upserts if rule.key_columns is not None else 0
+                keyless_deletes += tombstones
+                null_keys += missing - upserts - tombstones if settings.hashed else 0
             sizes = pc.add(pc.fill_null(pc.binary_length(key if sent_key is None else sent_key), 0), pc.fill_null(pc.binary_length(value), 0))
             extra = settings.header_bytes + settings.frame_bytes
             oversized += int(pc.sum(pc.greater(sizes, settings.max_message_bytes - extra)).as_py() or 0)
@@ -111,7 +118,8 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
                 kept, kept_names = [*kept, sent_key], [*kept_names, SENT_KEY]
             spill.write(pa.RecordBatch.from_arrays(kept, names=kept_names))
             messages += batch.num_rows
-    return SqlReport(path, rows, deletes, messages, keyless, oversized, refused, TaskHashes.of(hashes) if settings.hashed else None)
+    hashed = TaskHashes.of(hashes) if settings.hashed else None
+    return SqlReport(path, rows, deletes, messages, keyless, keyless_deletes, null_keys, oversized, refused, hashed)
 
 
 def candidate_records(files: list[tuple[int, str]], candidates: np.ndarray) -> pa.Table | None:

@@ -11,9 +11,32 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 
 from dpone_dagster.engine.results import RunResult
-from dpone_dagster.errors import DataRefused
+from dpone_dagster.errors import DataRefused, RunFailed
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.sinks.dead_letters import DeadLetters
+
+# What a SQL source's refused rows tell the user to do, by why they were refused.
+KEYLESS_FIX = "Fill those columns in the table's rows, or choose sink.strategy.unique_key columns every row has"
+OVERSIZED_FIX = (
+    "Raise message.max.bytes in sink.options.delivery.producer_config (and the topic's max.message.bytes), "
+    "or leave the large columns out with source.options.columns"
+)
+KEYLESS = "record(s) have no unique key"
+
+
+def oversized(limit: int) -> str:
+    """What messages over the producer's limit are, in a refusal or a note."""
+    return f"message(s) exceed message.max.bytes {limit}"
+
+
+def sql_rows_refused(count: int, what: str, fix: str) -> DataRefused:
+    """The refusal of a SQL batch holding `count` rows the sink cannot take (pure)."""
+    return DataRefused(f"{count} {what}; nothing was produced and the watermark did not move. {fix}")
+
+
+def keyless_deletes(count: int) -> RunFailed:
+    """The failure of a batch whose deletes have no key to make tombstones of."""
+    return RunFailed(f"{count} delete(s) have no key, so no tombstone can be produced; check unique_key")
 
 
 def handle_bad_records(
@@ -23,18 +46,17 @@ def handle_bad_records(
     letters: DeadLetters,
     result: RunResult,
     what: str,
+    fix: str = KEYLESS_FIX,
 ) -> None:
-    """`bad` has columns partition, offset, reason. Raises in fail mode; otherwise routes/counts.
+    """`bad` has columns partition, offset, reason. Raises in fail mode (with `fix` for a SQL
+    source, whose rows have no bad-record policy); otherwise routes/counts.
     Dead letters are only collected here; `DeadLetters.publish` produces them after the gates."""
     if not count:
         return
     source = manifest.source
     policy = source.options.on_error if isinstance(source, KafkaSource) else "fail"
     if policy == "fail" and not isinstance(source, KafkaSource):
-        raise DataRefused(
-            f"{count} {what}; nothing was produced and the watermark did not move. Fill those columns in the "
-            "table's rows, or choose sink.strategy.unique_key columns every row has"
-        )
+        raise sql_rows_refused(count, what, fix)
     if policy == "fail":
         sample = bad.orderBy("partition", "offset").limit(5).collect()
         where = ", ".join(f"{r['partition']}@{r['offset']} ({r['reason']})" for r in sample)

@@ -49,7 +49,7 @@ from pyspark.sql import functions as F
 from dpone_dagster import columns as C
 from dpone_dagster.direct import task
 from dpone_dagster.direct.keys import candidates
-from dpone_dagster.engine import direct_checks, direct_registry
+from dpone_dagster.engine import bad_records, direct_checks, direct_registry
 from dpone_dagster.engine.bad_records import handle_bad_records
 from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
 from dpone_dagster.engine.direct_keys import by_partition, settle_repeated_keys
@@ -277,14 +277,14 @@ class _BadRecords:
         n = self.count("keyless")
         if n:
             reason = f"missing unique key {list(self.manifest.sink.strategy.unique_key_columns)}"
-            self._handle(self._of("keyless").withColumn("reason", F.lit(reason)), n, result, "record(s) have no unique key")
+            self._handle(self._of("keyless").withColumn("reason", F.lit(reason)), n, result, bad_records.KEYLESS)
 
     def judge_oversized(self, result: RunResult, limit: int) -> None:
         n = self.count("oversized")
         if n:
             reason = F.concat(F.lit("message of "), F.col("size").cast("string"), F.lit(f" bytes exceeds message.max.bytes {limit}"))
             bad = self._of("oversized", with_size=True).select("partition", "offset", reason.alias("reason"))
-            self._handle(bad, n, result, f"message(s) exceed message.max.bytes {limit}")
+            self._handle(bad, n, result, bad_records.oversized(limit))
 
     def _of(self, kind: str, with_size: bool = False) -> Any:
         assert self.aside is not None

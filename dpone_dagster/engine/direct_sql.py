@@ -7,13 +7,15 @@ hands the messages to Python producers.
 In the order of guarantees of every route (engine/run.py):
 1. scan: one task per partition of the read writes each row's message by the one rule
    (shape/message.py), keeps it in a file of its host, and reports counts and key hashes.
-2. judge: deletes with deletes disabled fail the run; min_rows and source_target_count gate the
-   counts, the row-level checks (Great Expectations included) the read, kept before the scan.
-   keep_last / keep_first settle keys that repeat on the kept messages' source order, and
-   duplicate_policy: fail refuses them. What the Spark SQL path decides with its own rules — rows
-   without their unique key, keys that repeat in an append or under duplicate_policy: allow,
-   messages over message.max.bytes, values the rule does not write — sends the batch there (read
-   again; nothing was produced).
+2. judge: deletes with deletes disabled fail the run, and so do rows without their unique key and
+   deletes without a key for their tombstone (a SQL source has no bad-record policy); min_rows and
+   source_target_count gate the counts, the row-level checks (Great Expectations included) the
+   read, kept before the scan. keep_last / keep_first settle keys that repeat on the kept
+   messages' source order, and duplicate_policy: fail refuses them; messages over
+   message.max.bytes refuse the batch. What the Spark SQL path decides with its own rules — keys
+   that repeat in an append or under duplicate_policy: allow, messages over message.max.bytes
+   among rows keep_last / keep_first leaves out, values the rule does not write — sends the batch
+   there (read again; nothing was produced).
 3. produce: every gate passed, the registry schema (if any) is registered, the tasks produce
    the kept files; the delivery reports go to the commit, which moves the watermark.
 Every wait on the tasks is bounded (spark/jobs.py).
@@ -41,7 +43,7 @@ from pyspark.sql.types import StructType
 from dpone_dagster import columns as C
 from dpone_dagster.direct import sql_task
 from dpone_dagster.direct.keys import candidates, left_out_by_policy, repeated_keys
-from dpone_dagster.engine import direct_checks, direct_registry
+from dpone_dagster.engine import bad_records, direct_checks, direct_registry
 from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
 from dpone_dagster.engine.direct_keys import refuse_repeats
 from dpone_dagster.engine.results import RunResult
@@ -142,6 +144,7 @@ def copy(
             deletes = sum(r.deletes for r in reports)
             if deletes and settings.rule.deletes == "fail":
                 raise deletes_disabled(deletes)
+            _refuse_keyless(reports)
             left_out, removed = _settle_repeated_keys(jobs, settings, manifest, reports)
             if settings.rule.deletes == "skip":
                 result.deletes_skipped = deletes
@@ -150,6 +153,7 @@ def copy(
                 raise ToSparkSql("checks of the rows as published, with rows keep_last / keep_first leaves out")
             published = frame.where(F.col(C.OP) != C.DELETE) if settings.rule.deletes == "skip" else frame
             _gates(manifest, planned, result, expected, "quality_published", "published", log, published)
+            _refuse_oversized(reports, removed, settings.max_message_bytes)
     except ToSparkSql as exc:
         _remove_kept(jobs, settings, log)
         attempt.take_back(result, exc, log)
@@ -261,14 +265,33 @@ def _judge(reports: list[sql_task.SqlReport]) -> None:
     refused = next((r.refused for r in reports if r.refused), None)
     if refused is not None:
         raise ToSparkSql(refused)
-    keyless = sum(r.keyless for r in reports)
-    if keyless:
-        raise ToSparkSql(f"{keyless} row(s) without their key")
-    oversized = sum(r.oversized for r in reports)
-    if oversized:
-        raise ToSparkSql(f"{oversized} message(s) over message.max.bytes")
+    null_keys = sum(r.null_keys for r in reports)
+    if null_keys:
+        raise ToSparkSql(f"{null_keys} delete(s) without a key among keys that may repeat")
     if not sum(r.rows for r in reports):
         raise ToSparkSql("nothing was read")
+
+
+def _refuse_keyless(reports: list[sql_task.SqlReport]) -> None:
+    """Deletes without a key to make their tombstone of fail the run, and so do rows without their
+    unique key (a SQL source has no bad-record policy), as on the Spark SQL path."""
+    keyless_deletes = sum(r.keyless_deletes for r in reports)
+    if keyless_deletes:
+        raise bad_records.keyless_deletes(keyless_deletes)
+    keyless = sum(r.keyless for r in reports)
+    if keyless:
+        raise bad_records.sql_rows_refused(keyless, bad_records.KEYLESS, bad_records.KEYLESS_FIX)
+
+
+def _refuse_oversized(reports: list[sql_task.SqlReport], removed: int, limit: int) -> None:
+    """Messages over message.max.bytes refuse the batch, as on the Spark SQL path, which measures
+    the messages de-duplication keeps: with rows left out, the scan's count may hold some it does
+    not, so the batch goes there."""
+    oversized = sum(r.oversized for r in reports)
+    if oversized and removed:
+        raise ToSparkSql(f"{oversized} message(s) over message.max.bytes, with rows keep_last / keep_first leaves out")
+    if oversized:
+        raise bad_records.sql_rows_refused(oversized, bad_records.oversized(limit), bad_records.OVERSIZED_FIX)
 
 
 def _keeps_one(manifest: Manifest) -> str | None:

@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from dpone_dagster import columns as C
+from dpone_dagster.engine import bad_records
 from dpone_dagster.engine.bad_records import handle_bad_records
 from dpone_dagster.engine.clients import RunClients
 from dpone_dagster.engine.results import RunResult
@@ -61,9 +62,7 @@ def shape_messages(
         result.deletes_skipped = deletes
     keyed = kafka_messages.sink_key(batch, sink)
     if counts["keyless_deletes"]:
-        raise RunFailed(
-            f"{counts['keyless_deletes']} delete(s) have no key, so no tombstone can be produced; check unique_key"
-        )
+        raise bad_records.keyless_deletes(counts["keyless_deletes"])
     keyless = counts["keyless_upserts"]
     if keyless:
         lineage = kafka_messages.lineage(keyed)  # null for a SQL source
@@ -72,7 +71,7 @@ def shape_messages(
             lineage[C.SOURCE_OFFSET].alias("offset"),
             F.lit(f"missing unique key {list(sink.strategy.unique_key_columns)}").alias("reason"),
         )
-        handle_bad_records(manifest, bad, keyless, letters, result, "record(s) have no unique key")
+        handle_bad_records(manifest, bad, keyless, letters, result, bad_records.KEYLESS)
         keyed = keyed.where(~((F.col(C.OP) == C.UPSERT) & F.col(kafka_messages.KEY).isNull()))
     keyed_rows = (
         result.rows_extracted - result.deletes_skipped - result.rows_dead_lettered - result.rows_skipped
@@ -162,9 +161,7 @@ def _measured_messages(
             F.lit(f" bytes exceeds message.max.bytes {limit}"),
         ).alias("reason"),
     )
-    handle_bad_records(
-        manifest, bad, too_large, letters, result, f"message(s) exceed message.max.bytes {limit}"
-    )
+    handle_bad_records(manifest, bad, too_large, letters, result, bad_records.oversized(limit), bad_records.OVERSIZED_FIX)
     return sized.where(F.col("__size") <= limit).drop("__size"), expected - too_large
 
 
