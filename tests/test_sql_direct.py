@@ -163,31 +163,61 @@ def test_an_avro_sink_registers_once_every_gate_passed(broker, spark, kafka_env,
     assert len(direct_records) == 300 and unframed(direct_records) == unframed(sql_records)
 
 
-@pytest.mark.parametrize(
-    ("case", "strategy", "why"),
-    [
-        ("repeated_keys", "{mode: incremental_append, unique_key: customer}", "keys that may repeat"),
-        ("large_double", "{mode: incremental_append, unique_key: order_id}", "a double of magnitude 1e16"),
-    ],
-)
-def test_what_only_the_spark_sql_path_decides_goes_there(broker, spark, kafka_env, db, tmp_path, case, strategy, why):
-    """Repeated keys of an append (ordered by key there), a double Java prints otherwise than the
-    shortest digits: the batch is read again by the Spark SQL path, which decides as it always
-    did; nothing was produced by the first attempt."""
+def test_what_only_the_spark_sql_path_decides_goes_there(broker, spark, kafka_env, db, tmp_path):
+    """A double Java prints otherwise than the shortest digits: the batch is read again by the
+    Spark SQL path, which decides as it always did; nothing was produced by the first attempt."""
     create_orders(db)
-    if case == "large_double":
-        execute(db, "UPDATE orders SET rate = 1e20 WHERE order_id = 7")
-    dst = unique_topic(f"sqld_{case}")
+    execute(db, "UPDATE orders SET rate = 1e20 WHERE order_id = 7")
+    dst = unique_topic("sqld_large_double")
     create_topic(broker.bootstrap_servers, dst, 2)
-    m = parse_manifest(manifest_text(dst, tmp_path, strategy))
+    m = parse_manifest(manifest_text(dst, tmp_path, "{mode: incremental_append, unique_key: order_id}"))
     result = run_pipeline(m, spark)
     assert result.execution_path == "spark_sql"
-    assert any(why in n for n in result.notes), result.notes
+    assert any("a double of magnitude 1e16" in n for n in result.notes), result.notes
     assert not kept_directory_exists(spark, result.run_id), "the first attempt's kept files outlived it"
     records = consume_raw(broker.bootstrap_servers, dst)
     assert len(records) == 300
-    if case == "large_double":
-        assert any(b'"rate":1.0E20' in r["value"] for r in records)
+    assert any(b'"rate":1.0E20' in r["value"] for r in records)
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    ["{mode: incremental_append, unique_key: flag}", "{mode: incremental_merge, unique_key: [flag, placed_on], duplicate_policy: allow}"],
+)
+def test_keys_that_repeat_where_every_row_is_published_keep_their_source_order(broker, spark, kafka_env, db, tmp_path, monkeypatch, strategy):
+    """An append, or a merge under duplicate_policy: allow, whose keys repeat across the three
+    partitions of the read (flag: two keys of 150 rows each; with placed_on, ten rows share a day):
+    on the direct path every row is published and each key's messages reach the topic in source
+    order (the watermark, updated_at), as the Spark SQL path orders them."""
+    create_orders(db)
+    if "placed_on" in strategy:
+        execute(db, "UPDATE orders SET placed_on = date '2026-01-01' + (order_id % 15)::int")
+    partitioned = "{incremental_column: updated_at, partition_column: order_id, num_partitions: 3, lower_bound: 1, upper_bound: 300}"
+    results = {}
+    for path in ("direct", "spark_sql"):
+        dst = unique_topic(f"sqld_order_{path}")
+        create_topic(broker.bootstrap_servers, dst, 2)
+        text = manifest_text(dst, tmp_path / path, strategy).replace("{incremental_column: updated_at, batch_size: 100}", partitioned)
+        with monkeypatch.context() as patched:
+            if path == "spark_sql":
+                patched.setenv("DPONE_DIRECT_PATH", "off")
+            result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id=f"sqld-order-{path}"))
+        assert result.execution_path == path, result.notes
+        assert not kept_directory_exists(spark, result.run_id)
+        results[path] = consume_raw(broker.bootstrap_servers, dst)
+    direct, sql = results["direct"], results["spark_sql"]
+    assert len(direct) == 300 and messages(direct) == messages(sql)
+
+    def per_key(records: list[dict]) -> dict[bytes, list[int]]:
+        """Each key's order ids, in the order its partition holds them."""
+        out: dict[bytes, list[int]] = {}
+        for r in sorted(records, key=lambda r: (r["partition"], r["offset"])):
+            out.setdefault(r["key"], []).append(json.loads(r["value"])["order_id"])
+        return out
+
+    assert all(ids == sorted(ids) for ids in per_key(direct).values())
+    assert per_key(direct) == per_key(sql)
+    assert max(len(ids) for ids in per_key(direct).values()) > 1
 
 
 # Rows the sink cannot take: (strategy, sink options, the table's change, the refusal both paths give,
@@ -536,3 +566,70 @@ def test_python_workers_killed_while_a_deduplicated_sql_batch_is_produced(broker
         recovered=True,
         measured=f"{rows:,} rows, {len(later):,} keys; {len(failed_run):,} arrived before the kill; duplicates after rerun {duplicated:,}",
     )
+
+
+@pytest.mark.faults
+def test_python_workers_killed_while_repeated_keys_are_produced_in_order(broker, spark, kafka_env, db, tmp_path, fault_outcome):
+    """An append whose every customer orders twice: all 60,000 rows are produced first, in source
+    order per key, by one task; its Python worker is killed (SIGKILL) mid-produce. The run fails
+    and stores no watermark; the rerun delivers every row, each customer's orders in source order
+    (duplicates only among what the failed run delivered)."""
+    rows = 60_000
+    bs = broker.bootstrap_servers
+    m, dst, killed = run_killed_mid_produce(bs, spark, db, tmp_path, rows, "{mode: incremental_append, unique_key: customer}", "sqld-okill")
+    failed_run = consume_raw(bs, dst, timeout_s=60)
+    assert len(failed_run) < rows
+    rerun = run_pipeline(m, spark)
+    assert rerun.execution_path == "direct" and rerun.messages_produced == rows
+    delivered = {(r["partition"], r["offset"]) for r in failed_run}
+    everything = sorted(consume_raw(bs, dst, timeout_s=60), key=lambda r: (r["partition"], r["offset"]))
+    seen = Counter(json.loads(r["value"])["order_id"] for r in everything)
+    lost = sum(1 for i in range(1, rows + 1) if i not in seen)
+    duplicated = sum(n - 1 for n in seen.values())
+    by_rerun: dict[bytes, list[int]] = {}
+    for r in everything:
+        if (r["partition"], r["offset"]) not in delivered:
+            by_rerun.setdefault(r["key"], []).append(json.loads(r["value"])["order_id"])
+    assert lost == 0 and duplicated <= len(failed_run)
+    assert all(ids == sorted(ids) for ids in by_rerun.values()), "the rerun produced a customer's orders out of source order"
+    fault_outcome(
+        "SQL source on the direct path, keys that repeat in an append: Spark Python workers killed (SIGKILL) while they are produced in source order",
+        "The run fails and stores no watermark; the rerun delivers every row, each key's rows in source order",
+        lost=lost,
+        duplicated=duplicated,
+        recovered=True,
+        measured=f"{rows:,} rows, {rows // 2 + 1:,} keys; {len(killed)} worker(s) killed after {len(failed_run):,} had arrived; duplicates after rerun {duplicated:,}",
+    )
+
+
+def test_the_listed_messages_are_produced_in_the_order_listed_a_chunk_at_a_time(broker, kafka_env, tmp_path, monkeypatch):
+    """produce_listed reads the listed rows of two kept files a chunk at a time (three rows here)
+    and sends them in the order listed, from one producer: a one-partition target holds exactly
+    that order. In the calling process, against the real broker (no Spark task needed)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from dpone_dagster.direct.task import SpillWriter
+    from dpone_dagster.shape.message import MessageRule
+    from dpone_dagster.sinks.kafka import ProducerSettings
+
+    monkeypatch.setattr(sql_task, "LISTED_CHUNK", 3)
+    paths = []
+    for f in range(2):
+        path = str(tmp_path / f"kept-{f}.arrow")
+        with SpillWriter(path) as spill:
+            for b in range(3):  # three batches of four rows: values f-b-r
+                values = [f"{f}-{b}-{r}".encode() for r in range(4)]
+                spill.write(pa.RecordBatch.from_arrays([pa.array([b"k"] * 4, pa.binary()), pa.array(values, pa.binary())], names=["key", "value"]))
+        paths.append(path)
+    files = np.array([1, 0, 1, 0, 0, 1, 1, 0], np.int64)
+    rows = np.array([11, 0, 4, 7, 3, 0, 5, 10], np.int64)  # rows span batches, out of file order
+    dst = unique_topic("sqld_listed")
+    create_topic(broker.bootstrap_servers, dst, 1)
+    settings = sql_task.SqlSettings(run_id="listed", pipeline="p", names=(), rule=MessageRule(key_columns=None), hashed=False, max_message_bytes=1_000_000)
+    producer = ProducerSettings(dst, (("bootstrap.servers", broker.bootstrap_servers), ("acks", "all")), 30.0)
+    stats = [row for batch in sql_task.produce_listed(settings, producer, paths, files, rows) for row in batch.to_pylist()]
+    assert sum(s["delivered"] for s in stats) == len(rows)
+    expected = [f"{f}-{r // 4}-{r % 4}".encode() for f, r in zip(files, rows, strict=True)]
+    assert [r["value"] for r in sorted(consume_raw(broker.bootstrap_servers, dst), key=lambda r: r["offset"])] == expected
+    assert all(os.path.exists(p) for p in paths), "the rest of the files is produced next"

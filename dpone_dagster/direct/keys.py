@@ -101,8 +101,19 @@ def left_out_by_policy(records: pa.Table, order: list[str], policy: str) -> pa.T
     `order`, most significant first): every record but one per key, as the Spark SQL path's
     window ranks them (kafka_messages.dedupe: a null orders before any value, NaN after every
     number). Pure Arrow."""
-    direction = "descending" if policy == "keep_last" else "ascending"
-    nulls = "at_end" if policy == "keep_last" else "at_start"  # a null is the smallest value
+    ranked = in_source_order(records, order, descending=policy == "keep_last")
+    keys = ranked.column("key").combine_chunks()
+    first = np.ones(len(keys), bool)
+    if len(keys) > 1:
+        first[1:] = pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1)).to_numpy(zero_copy_only=False)
+    return ranked.filter(pa.array(~first))
+
+
+def in_source_order(records: pa.Table, order: list[str], descending: bool = False) -> pa.Table:
+    """`records` by key, then by the source order's columns `order` (most significant first), as
+    Spark sorts them: a null before any value, NaN after every number. Pure Arrow."""
+    direction = "descending" if descending else "ascending"
+    nulls = "at_end" if descending else "at_start"  # a null is the smallest value
     columns, sort_keys = {"key": records.column("key")}, [("key", "ascending", nulls)]
     for name in order:
         column = records.column(name)
@@ -113,12 +124,7 @@ def left_out_by_policy(records: pa.Table, order: list[str], policy: str) -> pa.T
             sort_keys.append((f"{name}.nan", direction, nulls))
         columns[name] = column
         sort_keys.append((name, direction, nulls))
-    ranked = records.take(pc.sort_indices(pa.table(columns), options=pc.SortOptions(sort_keys=sort_keys)))
-    keys = ranked.column("key").combine_chunks()
-    first = np.ones(len(keys), bool)
-    if len(keys) > 1:
-        first[1:] = pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1)).to_numpy(zero_copy_only=False)
-    return ranked.filter(pa.array(~first))
+    return records.take(pc.sort_indices(pa.table(columns), options=pc.SortOptions(sort_keys=sort_keys)))
 
 
 def in_sorted(values: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:

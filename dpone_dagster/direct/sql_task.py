@@ -11,6 +11,7 @@ fails its produce task (the driver only takes this path where every task runs on
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,7 +37,8 @@ from dpone_dagster.shape.headers import HeaderSpec
 from dpone_dagster.sinks.kafka import ProducerSettings, produce_batches
 
 MESSAGES = pa.schema([("key", pa.binary()), ("value", pa.binary())])
-ORDER = "order"  # a kept message's source order, with keep_last / keep_first
+ORDER = "order"  # a kept message's source order, where keys that repeat are settled
+LISTED_CHUNK = 100_000  # listed messages one ordered produce holds at a time
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,13 @@ class SqlSettings:
     # keep_last | keep_first: each kept message keeps its row's source order (columns.ORDER), so
     # that the driver settles keys that repeat (candidate_records) as the Spark SQL path would.
     keep: str | None = None
+    # Keys that repeat are all published (an append, duplicate_policy: allow): each kept message
+    # keeps its row's source order too, so that the driver orders their messages (produce_listed).
+    ordered: bool = False
+
+    @property
+    def keeps_order(self) -> bool:
+        return self.keep is not None or self.ordered
 
 
 @dataclass(frozen=True)
@@ -112,7 +121,7 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
             if settings.hashed and not missing:
                 hashes.append(key_hashes(key))  # keys are told apart by their text, as on the Spark SQL path
             kept, kept_names = [key, value], list(MESSAGES.names)
-            if settings.keep is not None:
+            if settings.keeps_order:
                 kept, kept_names = [*kept, batch.column(C.ORDER)], [*kept_names, ORDER]
             if sent_key is not None:
                 kept, kept_names = [*kept, sent_key], [*kept_names, SENT_KEY]
@@ -124,8 +133,8 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
 
 def candidate_records(files: list[tuple[int, str]], candidates: np.ndarray) -> pa.Table | None:
     """The kept messages of `files` (index, path) whose key hash is a candidate (direct/keys.py,
-    sorted): their key, file index, row number in it and source order (kept with keep_last /
-    keep_first only); what the driver settles repeated keys on."""
+    sorted): their key, file index, row number in it and source order (where kept); what the
+    driver settles repeated keys on."""
     found = []
     for index, path in files:
         for row, batch in _kept(path):
@@ -151,12 +160,8 @@ def produce(settings: SqlSettings, producer: ProducerSettings, paths: list[str],
             for row, batch in _kept(path):
                 if dropped is not None and len(dropped):
                     batch = batch.filter(pa.array(~in_sorted(np.arange(row, row + batch.num_rows), dropped)))
-                if not batch.num_rows:
-                    continue
-                listed = None
-                if settings.headers is not None:  # static ones only: SQL rows have no lineage
-                    listed = message_headers.headers(settings.headers, 0, pa.array(np.zeros(batch.num_rows, np.int64)), None)
-                yield outgoing(batch, settings.value_prefix, listed, settings.key_prefix)
+                if batch.num_rows:
+                    yield _sent(settings, batch)
 
     try:
         yield from produce_batches(producer, messages())
@@ -165,17 +170,57 @@ def produce(settings: SqlSettings, producer: ProducerSettings, paths: list[str],
             remove_file(path)
 
 
+def produce_listed(settings: SqlSettings, producer: ProducerSettings, paths: list[str], files: np.ndarray, rows: np.ndarray) -> Iterator[pa.RecordBatch]:
+    """Produce the kept messages listed, in the order listed (the i-th: row `rows[i]` of file
+    `paths[files[i]]`) from one producer, so that each key's messages keep that order on their
+    partition; yields the delivery statistics. A chunk of the list at a time is read from the
+    memory-mapped files, so a long list holds no more. The files stay: the rest is produced next."""
+    with contextlib.ExitStack() as stack:
+        readers = [ipc.open_file(stack.enter_context(pa.memory_map(_existing(path)))) for path in paths]
+        starts = [np.cumsum([0] + [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]) for reader in readers]
+
+        def messages() -> Iterator[pa.RecordBatch]:
+            for begin in range(0, len(rows), LISTED_CHUNK):
+                chunk_files, chunk_rows = files[begin : begin + LISTED_CHUNK], rows[begin : begin + LISTED_CHUNK]
+                taken, positions = [], []
+                for index in np.unique(chunk_files):
+                    listed = np.flatnonzero(chunk_files == index)
+                    batch_of = np.searchsorted(starts[index], chunk_rows[listed], side="right") - 1
+                    for b in np.unique(batch_of):
+                        inside = listed[batch_of == b]
+                        taken.append(readers[index].get_batch(int(b)).take(pa.array(chunk_rows[inside] - starts[index][b])))
+                        positions.append(inside)
+                found = pa.Table.from_batches(taken)
+                in_order = found.take(pa.array(np.argsort(np.concatenate(positions), kind="stable")))
+                for batch in in_order.to_batches():
+                    yield _sent(settings, batch)
+
+        yield from produce_batches(producer, messages())
+
+
+def _sent(settings: SqlSettings, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Kept messages as the producer sends them."""
+    listed = None
+    if settings.headers is not None:  # static ones only: SQL rows have no lineage
+        listed = message_headers.headers(settings.headers, 0, pa.array(np.zeros(batch.num_rows, np.int64)), None)
+    return outgoing(batch, settings.value_prefix, listed, settings.key_prefix)
+
+
 def _kept(path: str) -> Iterator[tuple[int, pa.RecordBatch]]:
     """The kept batches of one file, each with the row number of its first message."""
-    if not os.path.exists(path):
-        raise RuntimeError(f"the kept messages {path} are gone (another host, or removed): the batch cannot be produced as judged")
     row = 0
-    with pa.memory_map(path) as source:
+    with pa.memory_map(_existing(path)) as source:
         reader = ipc.open_file(source)
         for i in range(reader.num_record_batches):
             batch = reader.get_batch(i)
             yield row, batch
             row += batch.num_rows
+
+
+def _existing(path: str) -> str:
+    if not os.path.exists(path):
+        raise RuntimeError(f"the kept messages {path} are gone (another host, or removed): the batch cannot be produced as judged")
+    return path
 
 
 def spill_path(settings: SqlSettings, partition: int) -> str:

@@ -11,13 +11,14 @@ In the order of guarantees of every route (engine/run.py):
    deletes without a key for their tombstone (a SQL source has no bad-record policy); min_rows and
    source_target_count gate the counts, the row-level checks (Great Expectations included) the
    read, kept before the scan. keep_last / keep_first settle keys that repeat on the kept
-   messages' source order, and duplicate_policy: fail refuses them; messages over
-   message.max.bytes refuse the batch. What the Spark SQL path decides with its own rules — keys
-   that repeat in an append or under duplicate_policy: allow, messages over message.max.bytes
-   among rows keep_last / keep_first leaves out, values the rule does not write — sends the batch
-   there (read again; nothing was produced).
-3. produce: every gate passed, the registry schema (if any) is registered, the tasks produce
-   the kept files; the delivery reports go to the commit, which moves the watermark.
+   messages' source order, duplicate_policy: fail refuses them, and where every row is published
+   (an append, duplicate_policy: allow) their rows are listed in source order per key; messages
+   over message.max.bytes refuse the batch. What the Spark SQL path decides with its own rules —
+   messages over message.max.bytes among rows keep_last / keep_first leaves out, values the rule
+   does not write — sends the batch there (read again; nothing was produced).
+3. produce: every gate passed, the registry schema (if any) is registered; one task produces the
+   rows of repeated keys listed, in their order, then the tasks produce the rest of the kept
+   files; the delivery reports go to the commit, which moves the watermark.
 Every wait on the tasks is bounded (spark/jobs.py).
 
 The rows come from a JDBC read or from a bcp / pyodbc export, which the source takes once per run
@@ -35,6 +36,7 @@ from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -42,7 +44,7 @@ from pyspark.sql.types import StructType
 
 from dpone_dagster import columns as C
 from dpone_dagster.direct import sql_task
-from dpone_dagster.direct.keys import candidates, left_out_by_policy, repeated_keys
+from dpone_dagster.direct.keys import candidates, in_source_order, left_out_by_policy, repeated_keys
 from dpone_dagster.engine import bad_records, direct_checks, direct_registry
 from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
 from dpone_dagster.engine.direct_keys import refuse_repeats
@@ -52,6 +54,7 @@ from dpone_dagster.engine.stages.gates import pre_publish_gates
 from dpone_dagster.engine.stages.load import Delivered, check_delivery, producer_settings
 from dpone_dagster.engine.stages.shape import deletes_disabled
 from dpone_dagster.engine.stages.timing import Log, stage
+from dpone_dagster.errors import RunFailed
 from dpone_dagster.formats.registry_source import arrow_schema
 from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.kafka.delivery import aggregate
@@ -60,7 +63,8 @@ from dpone_dagster.quality.gates import check_stage
 from dpone_dagster.shape import message
 from dpone_dagster.shape.envelope import envelope_parts
 from dpone_dagster.shape.headers import HeaderSpec
-from dpone_dagster.sinks.kafka_messages import refuses_duplicates
+from dpone_dagster.sinks.kafka import ProducerSettings
+from dpone_dagster.sinks.kafka_messages import refuses_duplicates, uses_dedupe
 from dpone_dagster.sinks.registry import PreparedSchema
 from dpone_dagster.spark.jobs import BoundedJobs, deadline_s, waves
 from dpone_dagster.spark.keep import keep_batch, release_batch
@@ -75,6 +79,9 @@ MAX_HASHED_ROWS = 20_000_000
 # Keys that may repeat whose rows (key, file, row, order) the driver ranks: more go to the Spark
 # SQL path, as on the Kafka direct path.
 MAX_CANDIDATES = 1_000_000
+# Rows of keys that repeat, all published, that one task produces in source order per key; more
+# go to the Spark SQL path, whose shuffle spreads them over its tasks.
+MAX_LISTED = 4_000_000
 
 
 def refusal(manifest: Manifest, planned: PlannedRead, spark: SparkSession) -> str | None:
@@ -145,7 +152,7 @@ def copy(
             if deletes and settings.rule.deletes == "fail":
                 raise deletes_disabled(deletes)
             _refuse_keyless(reports)
-            left_out, removed = _settle_repeated_keys(jobs, settings, manifest, reports)
+            left_out, removed, ordered = _settle_repeated_keys(jobs, settings, manifest, reports)
             if settings.rule.deletes == "skip":
                 result.deletes_skipped = deletes
             expected = sum(r.messages for r in reports) - removed
@@ -173,7 +180,7 @@ def copy(
             value_prefix, key_prefix = direct_registry.register(manifest, prepared, registry_config, result)
             settings = replace(settings, value_prefix=value_prefix, key_prefix=key_prefix)
         with stage(result, "load", log):
-            stats = aggregate(_produce(jobs, settings, manifest, sink_config, reports, left_out, log))
+            stats = aggregate(_produce(jobs, settings, manifest, sink_config, reports, left_out, ordered, log))
         check_delivery(manifest, stats, result)
     finally:
         _remove_kept(jobs, settings, log)
@@ -231,6 +238,7 @@ def _settings(
             rule=rule,
             hashed=key_columns is not None,
             keep=_keeps_one(manifest) if key_columns is not None else None,
+            ordered=key_columns is not None and _keeps_one(manifest) is None and not refuses_duplicates(sink),
             max_message_bytes=int(producer_config(sink_config, options.delivery).get("message.max.bytes", 1_000_000)),
             header_bytes=sum(len(k.encode()) + len(v.encode()) for k, v in static.items()),
             frame_bytes=len(direct_registry.value_frame(prepared, 0)) + direct_registry.key_frame_bytes(key) if prepared is not None else 0,
@@ -253,7 +261,7 @@ def _scan(jobs: BoundedJobs, settings: sql_task.SqlSettings, frame: DataFrame, p
         report = sql_task.scan(settings, context.partitionId(), batches)
         yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(report)], pa.binary())], names=["report"])
 
-    frame = frame.select(*settings.names, C.OP, *([C.ORDER] if settings.keep else []))  # what the rule reads
+    frame = frame.select(*settings.names, C.OP, *([C.ORDER] if settings.keeps_order else []))  # what the rule reads
     tasks = frame.rdd.getNumPartitions()
     seconds = deadline_s(2 * (planned_rows or 0), READ_WAIT_S, waves(tasks, local_task_slots(jobs.spark) or 1))
     rows = jobs.run(lambda: frame.mapInArrow(scanned, "report binary").collect(), seconds, "the scan of the batch")
@@ -295,25 +303,29 @@ def _refuse_oversized(reports: list[sql_task.SqlReport], removed: int, limit: in
 
 
 def _keeps_one(manifest: Manifest) -> str | None:
-    """keep_last / keep_first when a merge keeps one row per key, else None."""
-    strategy = manifest.sink.strategy
-    return strategy.duplicate_policy if strategy.mode == "incremental_merge" and strategy.duplicate_policy in ("keep_last", "keep_first") else None
+    """keep_last / keep_first when the strategy keeps one row per key, else None."""
+    return manifest.sink.strategy.duplicate_policy if uses_dedupe(manifest.sink) else None
+
+
+# The rows of keys that repeat and are all published, in the order they are produced: (file
+# index, row number in the file), each key's rows in source order.
+Listed = tuple[np.ndarray, np.ndarray]
+NOTHING_LISTED: Listed = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
 def _settle_repeated_keys(
     jobs: BoundedJobs, settings: sql_task.SqlSettings, manifest: Manifest, reports: list[sql_task.SqlReport]
-) -> tuple[dict[str, np.ndarray], int]:
-    """The kept rows keep_last / keep_first leaves out (row numbers per file) and how many, settled
-    on the keys themselves from the candidate hashes. Keys that repeat under duplicate_policy: fail
-    refuse the batch as the Spark SQL path does; where it orders them (append, duplicate_policy:
-    allow) the batch goes there."""
+) -> tuple[dict[str, np.ndarray], int, Listed]:
+    """Keys that repeat, settled on the keys themselves from the candidate hashes: the kept rows
+    the main produce leaves out (row numbers per file), how many of them keep_last / keep_first
+    drops, and the rows produced first in source order where every row is published (an append,
+    duplicate_policy: allow: ordered as the Spark SQL path orders them). Keys that repeat under
+    duplicate_policy: fail refuse the batch as the Spark SQL path does."""
     hashed = [r.hashes for r in reports if r.hashes is not None]
     found = candidates(hashed) if hashed else np.zeros(0, np.uint64)
     if not len(found):
-        return {}, 0
+        return {}, 0, NOTHING_LISTED
     refuses = refuses_duplicates(manifest.sink)
-    if settings.keep is None and not refuses:
-        raise ToSparkSql("keys that may repeat in the batch")
     if len(found) > MAX_CANDIDATES:
         raise ToSparkSql(f"more than {MAX_CANDIDATES:,} keys may repeat (their rows would come to the driver)")
     files = [(i, r.path) for i, r in enumerate(reports) if r.messages]
@@ -321,21 +333,31 @@ def _settle_repeated_keys(
     picked = jobs.in_tasks([[f] for f in files], lambda group: sql_task.candidate_records(group, found), seconds, "the read of repeated keys")
     tables = [t for t in picked if t is not None]
     if not tables:
-        return {}, 0
+        return {}, 0, NOTHING_LISTED
     records = pa.concat_tables(tables)
     if refuses:
         repeated = repeated_keys(records)
         refuse_repeats(len(repeated), repeated.to_pylist())
-        return {}, 0
+        return {}, 0, NOTHING_LISTED
     order = records.column(sql_task.ORDER).combine_chunks()
     names = [f"o{i}" for i in range(order.type.num_fields)]
     flat = pa.table([records.column("key"), *order.flatten(), records.column("file"), records.column("row")], names=["key", *names, "file", "row"])
     # Rows whose source order ties are ranked by file and row (the Spark SQL path's window picks
-    # any one of them).
-    dropped = left_out_by_policy(flat, [*names, "file", "row"], settings.keep)
-    files_of, rows = dropped.column("file").to_numpy(), dropped.column("row").to_numpy()
-    left_out = {reports[int(i)].path: np.sort(rows[files_of == i]) for i in np.unique(files_of)}
-    return left_out, len(rows)
+    # any one of them, its sort leaves them in any order).
+    if settings.keep is not None:
+        dropped = left_out_by_policy(flat, [*names, "file", "row"], settings.keep)
+        return _per_file(reports, dropped), dropped.num_rows, NOTHING_LISTED
+    listed = in_source_order(flat.filter(pc.is_in(flat.column("key"), value_set=repeated_keys(flat))), [*names, "file", "row"])
+    if listed.num_rows > MAX_LISTED:
+        raise ToSparkSql(f"more than {MAX_LISTED:,} rows of keys that repeat (one task produces them in order)")
+    files_of, rows = listed.column("file").to_numpy().astype(np.int64), listed.column("row").to_numpy()
+    return _per_file(reports, listed), 0, (files_of, rows)
+
+
+def _per_file(reports: list[sql_task.SqlReport], records: pa.Table) -> dict[str, np.ndarray]:
+    """The row numbers of `records` per kept file, sorted."""
+    files_of, rows = records.column("file").to_numpy(), records.column("row").to_numpy()
+    return {reports[int(i)].path: np.sort(rows[files_of == i]) for i in np.unique(files_of)}
 
 
 def _gates(manifest: Manifest, planned: PlannedRead, result: RunResult, rows: int, name: str, frame_stage: str, log: Log, frame: DataFrame) -> None:
@@ -351,9 +373,13 @@ def _produce(
     sink_config: dict,
     reports: list[sql_task.SqlReport],
     left_out: dict[str, np.ndarray],
+    ordered: Listed,
     log: Log,
 ) -> list[dict]:
+    """Produce the kept messages but those `left_out`: first the rows `ordered`, from one task in
+    their order, then every file from its own task; the delivery statistics rows."""
     producer = producer_settings(manifest, sink_config)
+    first = _produce_ordered(jobs, settings, producer, reports, ordered, log) if len(ordered[0]) else []
     groups = [[r.path] for r in reports if r.messages]
     slots = produce_slots(jobs.spark)
     largest = max(r.messages for r in reports)
@@ -366,7 +392,28 @@ def _produce(
         return [row for batch in sql_task.produce(settings, bounded, paths, left_out) for row in batch.to_pylist()]
 
     produced = jobs.in_tasks(groups, produce_rows, seconds, f"the produce of {len(groups)} kept file(s) to '{producer.topic}'")
-    return [row for rows_of_task in produced for row in rows_of_task]
+    return first + [row for rows_of_task in produced for row in rows_of_task]
+
+
+def _produce_ordered(
+    jobs: BoundedJobs, settings: sql_task.SqlSettings, producer: ProducerSettings, reports: list[sql_task.SqlReport], ordered: Listed, log: Log
+) -> list[dict]:
+    """The messages of keys that repeat, produced first by one task in source order per key (the
+    kept files are all on its host: a local session); checked against their count."""
+    paths = [r.path for r in reports]
+    count = len(ordered[0])
+    seconds = deadline_s(count, producer.flush_timeout_s)
+    bounded = producer.bounded(seconds)
+    log(f"load: {count} message(s) of repeated keys produced first, in source order per key (direct path)")
+
+    def produce_rows(_: None) -> list[dict]:
+        return [row for batch in sql_task.produce_listed(settings, bounded, paths, *ordered) for row in batch.to_pylist()]
+
+    rows = jobs.in_tasks([None], produce_rows, seconds, f"the ordered produce of {count} message(s) to '{producer.topic}'")[0]
+    stats = aggregate(rows)
+    if stats.ok and stats.delivered != count:
+        raise RunFailed(f"{stats.delivered} message(s) of repeated keys acknowledged where the batch was judged with {count}; nothing was stored")
+    return rows
 
 
 def _remove_kept(jobs: BoundedJobs, settings: sql_task.SqlSettings, log: Log) -> None:
