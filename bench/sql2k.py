@@ -14,8 +14,9 @@ order events) and is dropped afterwards. Phases, each to its own sink topic:
   (s)  Spark JDBC read (partitioned by order_id over --num-partitions, fetchsize 10,000) → the
        engine's message shape (shape.JSON_WRITE_OPTIONS, key = order_id) → sinks.kafka.produce
   (e)  run_pipeline: source.type postgres, incremental_merge, unique_key order_id (keep_last),
-       incremental_column updated_at (first run: the whole table) — skipped with the reason when
-       the engine refuses SQL sources
+       or with --strategy append an incremental_append of the same keys, incremental_column
+       updated_at (first run: the whole table) — skipped with the reason when the engine refuses
+       SQL sources
 The Spark session (with /usr/share/java/postgresql.jar on spark.jars) starts before (s) and its
 start is reported separately.
 """
@@ -249,10 +250,7 @@ sink:
   connection_type: params
   params: {{bootstrap_servers: "{bootstrap}"}}
   topic: {topic}
-  strategy:
-    mode: incremental_merge
-    unique_key: order_id
-    duplicate_policy: keep_last
+  strategy: {strategy}
   options:
     message_format: json
     envelope: flat
@@ -260,7 +258,14 @@ state: {{type: local, path: "{state}"}}
 """
 
 
-def engine_run(spark: Any, database: str, bootstrap: str, topic: str, num_partitions: int) -> dict[str, Any]:
+# The sink strategies the engine phase may run: seed 002's merge, or an append of the same unique keys.
+STRATEGIES = {
+    "merge": "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}",
+    "append": "{mode: incremental_append, unique_key: order_id}",
+}
+
+
+def engine_run(spark: Any, database: str, bootstrap: str, topic: str, num_partitions: int, strategy: str = "merge") -> dict[str, Any]:
     """run_pipeline with a postgres source; {'skipped': reason} when the engine refuses it."""
     from dpone_dagster.engine.run import RunRequest, run_pipeline
     from dpone_dagster.errors import ConfigError
@@ -269,7 +274,7 @@ def engine_run(spark: Any, database: str, bootstrap: str, topic: str, num_partit
     with tempfile.TemporaryDirectory(prefix="dpone-bench-sql-") as state:
         text = ENGINE_MANIFEST.format(
             host=PG_HOST, port=PG_PORT, user=PG_USER, database=database, num_partitions=num_partitions,
-            bootstrap=bootstrap, topic=topic, state=state,
+            bootstrap=bootstrap, topic=topic, state=state, strategy=STRATEGIES[strategy],
         )
         try:
             manifest = parse_manifest(text)
@@ -324,11 +329,12 @@ def run_bench(
     only: tuple[str, ...] = ("p", "p2", "s", "e"),
     spark_conf: dict[str, Any] | None = None,
     log: Any = None,
+    strategy: str = "merge",
 ) -> dict[str, Any]:
     """Time the phases against `database` (a fresh one with `rows` rows when None).
     A `spark` session passed in must have the PostgreSQL JDBC jar on spark.jars."""
     say = log or (lambda _m: None)
-    report: dict[str, Any] = {"bench": "sql2k", "rows": rows, "num_partitions": num_partitions, "phases": {}}
+    report: dict[str, Any] = {"bench": "sql2k", "rows": rows, "num_partitions": num_partitions, "strategy": strategy, "phases": {}}
     created = database is None
     if database is None:
         say(f"creating a database with {rows} rows")
@@ -362,7 +368,7 @@ def run_bench(
                 topic = f"bench_sql_e_{uuid.uuid4().hex[:6]}"
                 create_topic(bootstrap, topic, topic_partitions)
                 with _phase(sampler, "e") as peaks:
-                    out = engine_run(spark, database, bootstrap, topic, num_partitions)
+                    out = engine_run(spark, database, bootstrap, topic, num_partitions, strategy)
                 report["phases"]["e"] = _finish(out, peaks, bootstrap, topic)
     finally:
         if created:
@@ -422,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topic-partitions", type=int, default=6)
     p.add_argument("--only", default="p,p2,s,e")
     p.add_argument("--spark-conf", action="append", default=[], metavar="K=V")
+    p.add_argument("--strategy", choices=sorted(STRATEGIES), default="merge", help="the engine phase's sink strategy")
     args = p.parse_args(argv)
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
 
@@ -440,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
                 only=tuple(args.only.split(",")),
                 spark_conf=dict(item.split("=", 1) for item in args.spark_conf) or None,
                 log=log,
+                strategy=args.strategy,
             )
         finally:
             sampler.stop()
