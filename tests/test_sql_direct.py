@@ -283,17 +283,22 @@ def test_rows_the_sink_cannot_take_refuse_the_batch_as_on_the_spark_sql_path(bro
     assert failures["direct"] == failures["spark_sql"]
 
 
-@pytest.mark.parametrize("policy", ["keep_last", "keep_first"])
-def test_repeated_keys_are_settled_on_the_direct_path(broker, spark, kafka_env, db, tmp_path, monkeypatch, policy):
+@pytest.mark.parametrize(("mode", "policy"), [("incremental_merge", "keep_last"), ("incremental_merge", "keep_first"), ("full_refresh", "keep_last")])
+def test_repeated_keys_are_settled_on_the_direct_path(broker, spark, kafka_env, db, tmp_path, monkeypatch, mode, policy):
     """Customer c<i/2> orders twice: keep_last keeps the later row of each customer by the
     watermark (updated_at), keep_first the earlier, the Spark SQL path's messages exactly; the
-    rows left out are never produced."""
+    rows left out are never produced. A full refresh reads no watermark: rows of one key tie, and
+    either path keeps any one of them, one per key."""
     create_orders(db)
-    strategy = f"{{mode: incremental_merge, unique_key: customer, duplicate_policy: {policy}}}"
+    strategy = f"{{mode: {mode}, unique_key: customer, duplicate_policy: {policy}}}"
     (direct, direct_records), (sql, sql_records) = run_both(broker.bootstrap_servers, spark, tmp_path, monkeypatch, strategy)
     assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
     assert direct.duplicates_removed == sql.duplicates_removed == 149
     assert direct.messages_produced == len(direct_records) == 151
+    if mode == "full_refresh":
+        assert Counter(r["key"] for r in direct_records) == Counter(r["key"] for r in sql_records)
+        assert len({r["key"] for r in direct_records}) == 151
+        return
     assert messages(direct_records) == messages(sql_records)
     kept = {r["key"].decode(): r["value"] for r in direct_records}
     assert (b'"order_id":5,' in kept["c2"]) == (policy == "keep_last")
