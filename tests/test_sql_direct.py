@@ -638,3 +638,12 @@ def test_the_listed_messages_are_produced_in_the_order_listed_a_chunk_at_a_time(
     expected = [f"{f}-{r // 4}-{r % 4}".encode() for f, r in zip(files, rows, strict=True)]
     assert [r["value"] for r in sorted(consume_raw(broker.bootstrap_servers, dst), key=lambda r: r["offset"])] == expected
     assert all(os.path.exists(p) for p in paths), "the rest of the files is produced next"
+
+
+def test_a_tombstone_is_measured_without_the_value_frame():
+    """The size limit counts a registry frame on each key and value sent, and none on a null: a
+    tombstone's value stays null on the wire (no frame), as the Spark SQL path measures it."""
+    import pyarrow as pa
+
+    values = pa.array([b"abc", None], pa.binary())
+    assert sql_task._sent_size(values, 5).to_pylist() == [8, 0]

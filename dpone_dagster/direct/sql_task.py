@@ -50,7 +50,8 @@ class SqlSettings:
     hashed: bool  # the driver needs key hashes (keys that repeat)
     max_message_bytes: int
     header_bytes: int = 0  # the static headers' bytes, in every message
-    frame_bytes: int = 0  # what registry frames add to each message (value, and key when encoded)
+    value_frame_bytes: int = 0  # what a registry frame adds to a value (a tombstone's stays null)
+    key_frame_bytes: int = 0  # what a registry frame adds to a key, when keys are encoded
     value_prefix: bytes = b""  # the frame, once the schema is registered (set before producing)
     key_prefix: bytes = b""  # the key subject's frame, for registry-encoded keys
     headers: HeaderSpec | None = None
@@ -115,9 +116,8 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
                 keyless += upserts if rule.key_columns is not None else 0
                 keyless_deletes += tombstones
                 null_keys += missing - upserts - tombstones if settings.hashed else 0
-            sizes = pc.add(pc.fill_null(pc.binary_length(key if sent_key is None else sent_key), 0), pc.fill_null(pc.binary_length(value), 0))
-            extra = settings.header_bytes + settings.frame_bytes
-            oversized += int(pc.sum(pc.greater(sizes, settings.max_message_bytes - extra)).as_py() or 0)
+            sizes = pc.add(_sent_size(key if sent_key is None else sent_key, settings.key_frame_bytes), _sent_size(value, settings.value_frame_bytes))
+            oversized += int(pc.sum(pc.greater(sizes, settings.max_message_bytes - settings.header_bytes)).as_py() or 0)
             if settings.hashed and not missing:
                 hashes.append(key_hashes(key))  # keys are told apart by their text, as on the Spark SQL path
             kept, kept_names = [key, value], list(MESSAGES.names)
@@ -129,6 +129,11 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
             messages += batch.num_rows
     hashed = TaskHashes.of(hashes) if settings.hashed else None
     return SqlReport(path, rows, deletes, messages, keyless, keyless_deletes, null_keys, oversized, refused, hashed)
+
+
+def _sent_size(column: pa.Array, frame_bytes: int) -> pa.Array:
+    """Bytes of each key or value as sent: with its registry frame, none for a null."""
+    return pc.fill_null(pc.add(pc.binary_length(column), frame_bytes), 0)
 
 
 def candidate_records(files: list[tuple[int, str]], candidates: np.ndarray) -> pa.Table | None:

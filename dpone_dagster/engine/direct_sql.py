@@ -180,7 +180,7 @@ def copy(
             value_prefix, key_prefix = direct_registry.register(manifest, prepared, registry_config, result)
             settings = replace(settings, value_prefix=value_prefix, key_prefix=key_prefix)
         with stage(result, "load", log):
-            stats = aggregate(_produce(jobs, settings, manifest, sink_config, reports, left_out, ordered, log))
+            stats = aggregate(_produce(jobs, settings, manifest, sink_config, reports, left_out, ordered, result, log))
         check_delivery(manifest, stats, result)
     finally:
         _remove_kept(jobs, settings, log)
@@ -241,7 +241,8 @@ def _settings(
             ordered=key_columns is not None and _keeps_one(manifest) is None and not refuses_duplicates(sink),
             max_message_bytes=int(producer_config(sink_config, options.delivery).get("message.max.bytes", 1_000_000)),
             header_bytes=sum(len(k.encode()) + len(v.encode()) for k, v in static.items()),
-            frame_bytes=len(direct_registry.value_frame(prepared, 0)) + direct_registry.key_frame_bytes(key) if prepared is not None else 0,
+            value_frame_bytes=len(direct_registry.value_frame(prepared, 0)) if prepared is not None else 0,
+            key_frame_bytes=direct_registry.key_frame_bytes(key) if prepared is not None else 0,
             headers=headers,
         ),
         prepared,
@@ -374,12 +375,13 @@ def _produce(
     reports: list[sql_task.SqlReport],
     left_out: dict[str, np.ndarray],
     ordered: Listed,
+    result: RunResult,
     log: Log,
 ) -> list[dict]:
     """Produce the kept messages but those `left_out`: first the rows `ordered`, from one task in
     their order, then every file from its own task; the delivery statistics rows."""
     producer = producer_settings(manifest, sink_config)
-    first = _produce_ordered(jobs, settings, producer, reports, ordered, log) if len(ordered[0]) else []
+    first = _produce_ordered(jobs, settings, manifest, producer, reports, ordered, result, log) if len(ordered[0]) else []
     groups = [[r.path] for r in reports if r.messages]
     slots = produce_slots(jobs.spark)
     largest = max(r.messages for r in reports)
@@ -396,10 +398,18 @@ def _produce(
 
 
 def _produce_ordered(
-    jobs: BoundedJobs, settings: sql_task.SqlSettings, producer: ProducerSettings, reports: list[sql_task.SqlReport], ordered: Listed, log: Log
+    jobs: BoundedJobs,
+    settings: sql_task.SqlSettings,
+    manifest: Manifest,
+    producer: ProducerSettings,
+    reports: list[sql_task.SqlReport],
+    ordered: Listed,
+    result: RunResult,
+    log: Log,
 ) -> list[dict]:
     """The messages of keys that repeat, produced first by one task in source order per key (the
-    kept files are all on its host: a local session); checked against their count."""
+    kept files are all on its host: a local session); checked against their count, and a failed
+    delivery fails the run before the rest is produced."""
     paths = [r.path for r in reports]
     count = len(ordered[0])
     seconds = deadline_s(count, producer.flush_timeout_s)
@@ -411,7 +421,9 @@ def _produce_ordered(
 
     rows = jobs.in_tasks([None], produce_rows, seconds, f"the ordered produce of {count} message(s) to '{producer.topic}'")[0]
     stats = aggregate(rows)
-    if stats.ok and stats.delivered != count:
+    if not stats.ok:  # the rest would only be produced again by the rerun
+        check_delivery(manifest, stats, result)
+    if stats.delivered != count:
         raise RunFailed(f"{stats.delivered} message(s) of repeated keys acknowledged where the batch was judged with {count}; nothing was stored")
     return rows
 
