@@ -624,6 +624,7 @@ def test_append_without_repeats_and_with_null_or_composite_keys(broker, spark, k
         ("{mode: incremental_append, unique_key: customer}", "headers: {lineage: true, static: {team: dwh}}", "driver"),
         ("{mode: incremental_merge, unique_key: [customer, region], duplicate_policy: allow}", "", "driver"),
         ("{mode: incremental_append, unique_key: customer}", "", "spark"),
+        ("{mode: kafka_offsets, unique_key: customer}", "", "driver"),  # an append by another name
     ],
 )
 def test_keys_that_repeat_where_every_record_is_published_keep_the_source_order(broker, spark, kafka_env, tmp_path, monkeypatch, strategy, sink_options, found_by):

@@ -92,7 +92,8 @@ from dpone_dagster.spark.slots import local_task_slots, produce_slots
 # What a read task may wait on the broker beyond its records (the reader's empty polls, a
 # consumer's connection set-up): the scan's part of a job bound (spark/jobs.py).
 READ_WAIT_S = 60.0
-STRATEGIES = ("incremental_append", "incremental_merge", "full_refresh", "replace")
+# kafka_offsets is an append whose state is the source offsets (as every Kafka source run's).
+STRATEGIES = ("incremental_append", "kafka_offsets", "incremental_merge", "full_refresh", "replace")
 
 
 def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
