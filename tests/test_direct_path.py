@@ -22,7 +22,7 @@ import pytest
 from confluent_kafka import Producer
 from conftest import consume_raw, create_topic, produce_json, unique_topic
 
-from dpone_dagster.direct import task
+from dpone_dagster.direct import spill, task
 from dpone_dagster.direct.keys import (
     TaskHashes,
     candidates,
@@ -31,6 +31,7 @@ from dpone_dagster.direct.keys import (
     left_out_by_policy,
     repeated_keys,
 )
+from dpone_dagster.direct.late import late_counts
 from dpone_dagster.direct.progress import SliceProgress, SliceSchedule
 from dpone_dagster.engine.direct_keys import losers
 from dpone_dagster.engine.run import RunRequest, run_pipeline
@@ -1170,16 +1171,16 @@ def test_spill_directories_are_removed_with_the_run_and_left_overs_swept(broker,
     create_topic(bs, src, 1)
     create_topic(bs, dst, 1)
     produce_json(bs, src, orders(50), partition=0)
-    root = Path(spark.sparkContext.parallelize([0], 1).map(lambda _: task.spill_root()).collect()[0])
+    root = Path(spark.sparkContext.parallelize([0], 1).map(lambda _: spill.spill_root()).collect()[0])
     run_id = "spill-cleanup-run"
-    mine = root / f"{task.SPILL_PREFIX}{run_id}"
+    mine = root / f"{spill.SPILL_PREFIX}{run_id}"
     mine.mkdir(parents=True, exist_ok=True)
     (mine / f"{src}-0-0-9.arrow.4242.partial").write_bytes(b"half")  # a worker killed mid-write
-    stale, recent = root / f"{task.SPILL_PREFIX}killed-run", root / f"{task.SPILL_PREFIX}live-run"
+    stale, recent = root / f"{spill.SPILL_PREFIX}killed-run", root / f"{spill.SPILL_PREFIX}live-run"
     for leftover in (stale, recent):
         leftover.mkdir(exist_ok=True)
         (leftover / "x.arrow").write_bytes(b"kept")
-    hours_ago = time.time() - task.STALE_SPILL_S - 60
+    hours_ago = time.time() - spill.STALE_SPILL_S - 60
     os.utime(stale, (hours_ago, hours_ago))
     m = parse_manifest(manifest_text(src, dst, tmp_path / "state", "{mode: incremental_append}"))
     result = run_pipeline(m, spark, RunRequest(run_id=run_id))
@@ -1219,7 +1220,7 @@ def test_late_counts_follow_the_spark_sql_rule(spark):
     ranges = tuple((i, r["partition"], r["start"], r["end"], w["start_ms"]) for i, w in enumerate(windows) for r in w["partitions"])
     counted: Counter = Counter()
     for p, (offsets, stamps) in records.items():
-        counted.update(task.late_counts(ranges, p, offsets, stamps))
+        counted.update(late_counts(ranges, p, offsets, stamps))
     assert dict(counted) == expected and sum(expected.values()) > 20  # late records in every window
 
 

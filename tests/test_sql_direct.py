@@ -416,15 +416,15 @@ def test_a_run_sweeps_what_killed_runs_left(broker, spark, kafka_env, db, tmp_pa
     import shutil
     import time
 
-    from dpone_dagster.direct import task
+    from dpone_dagster.direct import spill
 
     create_orders(db, 20)
-    root = Path(spark.sparkContext.parallelize([0], 1).map(lambda _: task.spill_root()).collect()[0])
-    stale, recent = root / f"{task.SPILL_PREFIX}killed-sql-run", root / f"{task.SPILL_PREFIX}live-sql-run"
+    root = Path(spark.sparkContext.parallelize([0], 1).map(lambda _: spill.spill_root()).collect()[0])
+    stale, recent = root / f"{spill.SPILL_PREFIX}killed-sql-run", root / f"{spill.SPILL_PREFIX}live-sql-run"
     for leftover in (stale, recent):
         leftover.mkdir(parents=True, exist_ok=True)
         (leftover / "sql-other-0.arrow").write_bytes(b"kept")
-    hours_ago = time.time() - task.STALE_SPILL_S - 60
+    hours_ago = time.time() - spill.STALE_SPILL_S - 60
     os.utime(stale, (hours_ago, hours_ago))
     dst = unique_topic("sqld_sweep")
     create_topic(broker.bootstrap_servers, dst, 1)
@@ -614,7 +614,7 @@ def test_the_listed_messages_are_produced_in_the_order_listed_a_chunk_at_a_time(
     import numpy as np
     import pyarrow as pa
 
-    from dpone_dagster.direct.task import SpillWriter
+    from dpone_dagster.direct.spill import SpillWriter
     from dpone_dagster.shape.message import MessageRule
     from dpone_dagster.sinks.kafka import ProducerSettings
 
@@ -622,7 +622,7 @@ def test_the_listed_messages_are_produced_in_the_order_listed_a_chunk_at_a_time(
     paths = []
     for f in range(2):
         path = str(tmp_path / f"kept-{f}.arrow")
-        with SpillWriter(path) as spill:
+        with SpillWriter(path, sql_task.MESSAGES) as spill:
             for b in range(3):  # three batches of four rows: values f-b-r
                 values = [f"{f}-{b}-{r}".encode() for r in range(4)]
                 spill.write(pa.RecordBatch.from_arrays([pa.array([b"k"] * 4, pa.binary()), pa.array(values, pa.binary())], names=["key", "value"]))

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from dpone_dagster.direct import task
 from dpone_dagster.direct.keys import in_sorted
+from dpone_dagster.direct.outgoing import outgoing
 from dpone_dagster.direct.progress import Slice
 from dpone_dagster.shape import headers as message_headers
 from dpone_dagster.shape.headers import HEADERS_TYPE
@@ -53,7 +54,7 @@ def ordered_messages(settings: task.DirectSettings, slices: list[Slice], ordered
             if settings.headers is not None:
                 source = picked.column(task.SOURCE_HEADERS) if task.SOURCE_HEADERS in picked.schema.names else None
                 listed = message_headers.headers(settings.headers, partition, picked.column("offset"), source)
-            sent = task.outgoing(picked, settings.value_prefix, listed, settings.key_prefix)
+            sent = outgoing(picked, settings.value_prefix, listed, settings.key_prefix)
             n = picked.num_rows
             headers = sent.column("headers") if "headers" in sent.schema.names else pa.array([[]] * n, HEADERS_TYPE)
             found.append(

@@ -23,14 +23,8 @@ import pyarrow.ipc as ipc
 
 from dpone_dagster import columns as C
 from dpone_dagster.direct.keys import TaskHashes, in_sorted, key_hashes
-from dpone_dagster.direct.task import (
-    SENT_KEY,
-    SpillWriter,
-    outgoing,
-    remove_file,
-    run_directory,
-    sweep_stale_spills,
-)
+from dpone_dagster.direct.outgoing import SENT_KEY, outgoing
+from dpone_dagster.direct.spill import SpillWriter, remove_file, run_directory, sweep_stale_spills
 from dpone_dagster.shape import headers as message_headers
 from dpone_dagster.shape import message
 from dpone_dagster.shape.headers import HeaderSpec
@@ -92,7 +86,7 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
     refused = None
     rule, names = settings.rule, list(settings.names)
     sweep_stale_spills(settings.run_id)  # what killed runs of any pipeline left on this host
-    with SpillWriter(path) as spill:
+    with SpillWriter(path, MESSAGES) as spill:
         for batch in batches:
             rows += batch.num_rows
             is_delete = pc.fill_null(pc.equal(batch.column(C.OP), C.DELETE), False)

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -24,8 +21,11 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from dpone_dagster.direct.keys import TaskHashes, in_sorted, key_hashes
+from dpone_dagster.direct.late import WindowRange, late_records
+from dpone_dagster.direct.outgoing import SENT_KEY, outgoing, sent_keys
 from dpone_dagster.direct.progress import Slice
 from dpone_dagster.direct.row_form import as_rows, rows_schema
+from dpone_dagster.direct.spill import SpillWriter, remove_file, run_directory, sweep_stale_spills
 from dpone_dagster.formats import registry_source
 from dpone_dagster.quality import arrow_checks
 from dpone_dagster.quality.arrow_checks import RowCheck, Tally
@@ -39,19 +39,10 @@ from dpone_dagster.spark import arrow_json
 if TYPE_CHECKING:
     from dpone_dagster.sources.kafka import RegistryPlan
 
-# One partition's offsets of a time window: window index, partition, start, end (exclusive), and
-# the window's start in epoch milliseconds.
-WindowRange = tuple[int, int, int, int, int]
-
-SPILL_PREFIX = "dpone-direct-"
-STALE_SPILL_S = 6 * 3600  # another run's spill directory untouched this long is left over
-
 # The shaped messages a scan keeps: the sink's key and value, the source offset and timestamp,
 # and the source record's headers when they are replicated.
 MESSAGE_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("offset", pa.int64()), ("timestamp", pa.int64())])
 SOURCE_HEADERS = "source_headers"
-# Registry-encoded keys: the key sent (unframed), beside `key`, the text repeated keys are settled on.
-SENT_KEY = "sent_key"
 
 
 @dataclass(frozen=True)
@@ -321,7 +312,7 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
         for piece in slices:
             kept.append((piece, 0))
             rows_file = SpillWriter(rows_path(settings, piece), rows_schema(settings.schema)) if settings.keep_rows else None
-            with SpillWriter(spill_path(settings, piece)) as spill, rows_file or contextlib.nullcontext():
+            with SpillWriter(spill_path(settings, piece), MESSAGE_SCHEMA) as spill, rows_file or contextlib.nullcontext():
                 for raw in read_one_range(settings.reader, *piece):
                     raw, found_late = screen_late(settings, piece[1], raw)
                     for index, n in found_late.items():
@@ -362,27 +353,6 @@ def screen_late(settings: DirectSettings, partition: int, raw: pa.RecordBatch) -
     return raw, counts
 
 
-def late_records(windows: tuple[WindowRange, ...], partition: int, offsets: np.ndarray, stamps: np.ndarray) -> tuple[np.ndarray, dict[int, int]]:
-    """Which records of one partition are late, and how many per window index (pure): a record is
-    late in the first window, in order, whose range holds its offset and whose start is after its
-    timestamp, the rule of the Spark SQL path (sources/kafka.late_window)."""
-    counted = np.zeros(len(offsets), bool)
-    out: dict[int, int] = {}
-    for index, window_partition, start, end, start_ms in windows:
-        if window_partition != partition or end <= start:
-            continue
-        late = (offsets >= start) & (offsets < end) & (stamps < start_ms) & ~counted
-        counted |= late
-        if late.any():
-            out[index] = out.get(index, 0) + int(late.sum())
-    return counted, out
-
-
-def late_counts(windows: tuple[WindowRange, ...], partition: int, offsets: np.ndarray, stamps: np.ndarray) -> dict[int, int]:
-    """Late records of one partition per window index (late_records)."""
-    return late_records(windows, partition, offsets, stamps)[1]
-
-
 def _header_bytes(settings: DirectSettings, partition: int, messages: pa.RecordBatch) -> np.ndarray:
     assert settings.headers is not None
     source = messages.column(SOURCE_HEADERS) if SOURCE_HEADERS in messages.schema.names else None
@@ -392,11 +362,6 @@ def _header_bytes(settings: DirectSettings, partition: int, messages: pa.RecordB
 def _key_lengths(messages: pa.RecordBatch, frame_bytes: int = 0) -> pa.Array:
     """Each key's size as sent, with its frame (none for a null key)."""
     return pc.fill_null(pc.add(pc.binary_length(sent_keys(messages)), frame_bytes), 0)
-
-
-def sent_keys(messages: pa.RecordBatch) -> pa.Array:
-    """The keys the producer sends of kept messages (unframed)."""
-    return messages.column(SENT_KEY) if SENT_KEY in messages.schema.names else messages.column("key")
 
 
 def candidate_records(settings: DirectSettings, slices: list[Slice], candidates: np.ndarray, set_aside: dict[int, np.ndarray]) -> pa.Table:
@@ -443,23 +408,6 @@ def produce(
         remove_spills(settings, slices)
 
 
-def outgoing(kept: pa.RecordBatch, value_prefix: bytes, headers: pa.Array | None, key_prefix: bytes = b"") -> pa.RecordBatch:
-    """What the producer sends of kept messages: the key and the value behind their registered
-    schemas' frames (a null key or a tombstone stays null), and the headers with no partition
-    chosen, when there are any."""
-    key, value = _framed(sent_keys(kept), key_prefix), _framed(kept.column("value"), value_prefix)
-    if headers is None:
-        return pa.RecordBatch.from_arrays([key, value], names=["key", "value"])
-    unassigned = pa.array(np.full(kept.num_rows, -1, np.int32))
-    return pa.RecordBatch.from_arrays([key, value, headers, unassigned], names=["key", "value", "headers", "partition"])
-
-
-def _framed(column: pa.Array, prefix: bytes) -> pa.Array:
-    if not prefix:
-        return column
-    return pc.binary_join_element_wise(pa.scalar(prefix, pa.binary()), column, pa.scalar(b"", pa.binary()))
-
-
 def remove_spills(settings: DirectSettings, slices: list[Slice]) -> None:
     """Remove the slices' files and any partial file, and the run's directory once it is empty
     (the last task of the run on this executor removes it)."""
@@ -483,32 +431,6 @@ def remove_rows(settings: DirectSettings, slices: list[Slice]) -> None:
     """Remove the slices' decoded rows kept for the checks (direct/rows.py) once they are judged."""
     for piece in slices:
         remove_file(rows_path(settings, piece))
-
-
-def sweep_stale_spills(run_id: str, now: float | None = None) -> int:
-    """Remove the spill directories of other runs left untouched for STALE_SPILL_S (a driver killed
-    mid-run leaves its files, and a killed worker its `.partial` file): on a long-lived executor
-    (a Spark Connect server) they would pile up. A produce task that finds its file gone reads
-    the slice again, so removing a live run's file costs a read, never a message (a SQL run's
-    produce task fails instead, before its watermark moves). Returns how many directories went."""
-    root = spill_root()
-    now = time.time() if now is None else now
-    mine = os.path.basename(run_directory(run_id))
-    removed = 0
-    try:
-        names = [n for n in os.listdir(root) if n.startswith(SPILL_PREFIX) and n != mine]
-    except OSError:
-        return 0
-    for name in names:
-        path = os.path.join(root, name)
-        try:
-            if now - os.stat(path).st_mtime < STALE_SPILL_S:
-                continue
-        except OSError:
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed += 1
-    return removed
 
 
 def records(settings: DirectSettings, piece: Slice, left_out: np.ndarray | None) -> Iterator[pa.RecordBatch]:
@@ -554,49 +476,3 @@ def rows_path(settings: DirectSettings, piece: Slice) -> str:
     return spill_path(settings, piece).removesuffix(".arrow") + ".rows.arrow"
 
 
-def run_directory(run_id: str) -> str:
-    """The run's directory of kept messages on this host (both direct paths)."""
-    return os.path.join(spill_root(), f"{SPILL_PREFIX}{run_id}")
-
-
-def spill_root() -> str:
-    return os.environ.get("SPARK_LOCAL_DIRS", tempfile.gettempdir()).split(",")[0]
-
-
-class SpillWriter:
-    """An Arrow IPC file written under a temporary name and renamed when complete, so a produce
-    task never reads a half-written slice (a scan task killed mid-way leaves no file behind)."""
-
-    def __init__(self, path: str, schema: pa.Schema = MESSAGE_SCHEMA) -> None:
-        self.path = path
-        self.schema = schema  # of an empty file
-        self._partial = f"{path}.{os.getpid()}.partial"
-        self._writer: ipc.RecordBatchFileWriter | None = None
-
-    def __enter__(self) -> SpillWriter:
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        return self
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        if self._writer is None:
-            self._writer = ipc.new_file(self._partial, batch.schema)
-        self._writer.write_batch(batch)
-
-    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
-        if self._writer is None:
-            if kind is None:  # an empty slice: an empty file says it was read
-                ipc.new_file(self._partial, self.schema).close()
-                os.replace(self._partial, self.path)
-            return
-        self._writer.close()
-        if kind is None:
-            os.replace(self._partial, self.path)
-        else:
-            remove_file(self._partial)
-
-
-def remove_file(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass

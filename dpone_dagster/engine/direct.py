@@ -322,7 +322,7 @@ def _remove_spills(
     spark: SparkSession, jobs: BoundedJobs, settings: task.DirectSettings, groups: list[list[task.Slice]], remove: Callable[[task.DirectSettings, list[task.Slice]], None] = task.remove_spills
 ) -> None:
     """Best effort: the files are in Spark's local directories (a later run's scan sweeps what a
-    killed run left, task.sweep_stale_spills). `remove`: task.remove_rows removes only the
+    killed run left, spill.sweep_stale_spills). `remove`: task.remove_rows removes only the
     decoded rows kept for the checks."""
     try:
         jobs.in_tasks(groups, lambda g: remove(settings, g), MARGIN_S, "removing the run's spill files")
