@@ -1477,3 +1477,25 @@ def test_a_slice_that_delivers_other_than_judged_is_not_stored(broker, spark, ka
     rerun = run_pipeline(parse_manifest(text), spark)
     assert rerun.committed_offsets == {0: 1_000}
     assert {json.loads(r["value"])["order_id"] for r in consume_raw(bs, dst)} == set(range(1_000))
+
+
+def test_both_direct_paths_key_and_delete_by_one_rule():
+    """The unique key's positions in the batch (none without unique_key columns or under another
+    key.mode; a missing column is named), and what a delete becomes: pure, shared by the Kafka and
+    SQL direct paths."""
+    from dpone_dagster.engine import direct_shape
+    from dpone_dagster.manifest.models import KafkaSink
+
+    def sink(strategy: dict, options: dict | None = None) -> KafkaSink:
+        return KafkaSink.model_validate({"type": "kafka", "connection_id": "k", "topic": "t", "strategy": strategy, "options": options or {}})
+
+    names = ["a", "b", "c"]
+    assert direct_shape.key_columns(sink({"unique_key": ["c", "a"]}), names) == ((2, 0), None)
+    assert direct_shape.key_columns(sink({"unique_key": "b"}, {"key": {"mode": "hash_row"}}), names) == (None, None)
+    assert direct_shape.key_columns(sink({}), names) == (None, None)
+    assert direct_shape.key_columns(sink({"unique_key": ["a", "z"]}), names) == (None, "unique_key column(s) ['z'] not in the batch")
+    assert direct_shape.delete_mode(sink({"unique_key": "a"}, {"deletes": {"enabled": True, "tombstone": True}})) == "tombstone"
+    assert direct_shape.delete_mode(sink({}, {"envelope": "dpone", "deletes": {"enabled": True}})) == "event"
+    assert direct_shape.delete_mode(sink({}, {"deletes": {"when_disabled": "skip"}})) == "skip"
+    assert direct_shape.delete_mode(sink({})) == "fail"
+

@@ -12,12 +12,13 @@ does the same work in the Python tasks, in the same order of guarantees:
    file of its executor and reports counts and the hashes of its keys. Nothing is produced.
 2. judge (here): bad records the tasks set aside (undecodable, without their unique key, over
    message.max.bytes) follow source.options.on_error where and as on the Spark SQL path
-   (_BadRecords). A record only the Spark SQL path handles (one Spark decodes but the tasks do
-   not, a value the encoder refuses, a key that repeats where per-key order matters) sends the
-   whole run there, reading the batch again, as if this path had not run.
+   (engine/direct_bad_records.py). A record only the Spark SQL path handles (one Spark decodes
+   but the tasks do not, a value the encoder refuses) sends the whole run there, reading the
+   batch again, as if this path had not run.
    Repeated keys are settled on the keys themselves (direct/keys.py, engine/direct_keys.py: on the
    driver, or past its limit by a Spark window over the candidates); keep_last / keep_first pick
-   the same record as the Spark SQL path (source order: timestamp, partition, offset).
+   the same record as the Spark SQL path (source order: timestamp, partition, offset); where
+   every record is published, the records of repeated keys are produced first, in that order.
    A time window's late records are counted in the scan and judged by its policy (fail stops
    the run here; dead_letter leaves them out of the scan's messages and holds them back for the
    dead-letter topic, sent at the commit before the state moves, as on the Spark SQL path).
@@ -26,7 +27,7 @@ does the same work in the Python tasks, in the same order of guarantees:
    other checks (Great Expectations, other `unique` checks, what a tally cannot settle) on the
    decoded rows as a Spark DataFrame, from the files the scan kept them in (engine/direct_checks.py);
    before anything is produced.
-4. produce (engine/direct_load.py, direct/task.py): the tasks produce their kept messages, the
+4. produce (engine/direct_load.py, direct/task.py; direct/ordered.py for repeated keys): the tasks produce their kept messages, the
    offsets stored as slices are delivered where that keeps the guarantees; the delivery reports go
    to the load and reconciliation stages as on the other path.
 Every wait on the tasks is bounded (spark/jobs.py).
@@ -41,18 +42,15 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from dpone_dagster import columns as C
 from dpone_dagster.direct import task
 from dpone_dagster.direct.keys import candidates
-from dpone_dagster.engine import bad_records, direct_checks, direct_registry
-from dpone_dagster.engine.bad_records import handle_bad_records
+from dpone_dagster.engine import direct_checks, direct_registry, direct_shape
 from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
-from dpone_dagster.engine.direct_keys import by_partition, settle_repeated_keys
+from dpone_dagster.engine.direct_bad_records import BadRecords, batch_source
+from dpone_dagster.engine.direct_keys import settle_repeated_keys
 from dpone_dagster.engine.direct_load import largest_group, produce_all, produce_ordered, storing_rule
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
@@ -76,13 +74,9 @@ from dpone_dagster.quality.arrow_checks import Tally
 from dpone_dagster.shape import message
 from dpone_dagster.shape.envelope import envelope_parts
 from dpone_dagster.shape.headers import HeaderSpec
-from dpone_dagster.sinks.dead_letters import DeadLetters
 from dpone_dagster.sinks.kafka_messages import refuses_duplicates, uses_dedupe
 from dpone_dagster.sinks.registry import PreparedSchema
-from dpone_dagster.sources.kafka import KafkaBatchSource
-from dpone_dagster.sources.kafka_reader import RAW_SCHEMA
 from dpone_dagster.spark import arrow_json
-from dpone_dagster.spark.decode import decode_json
 from dpone_dagster.spark.jobs import MARGIN_S, BoundedJobs, deadline_s, waves
 from dpone_dagster.spark.keep import release_batch
 from dpone_dagster.spark.registry_codec import nullable_schema
@@ -102,7 +96,7 @@ def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
     off = switched_off()
     if off is not None:
         return off
-    if not isinstance(source, KafkaSource) or _batch_source(planned) is None:
+    if not isinstance(source, KafkaSource) or batch_source(planned) is None:
         return "the source is not a Kafka topic"
     if not isinstance(sink, KafkaSink) or sink.type != "kafka":
         return "the sink is not Kafka"
@@ -163,7 +157,7 @@ def copy(
                 total = judge_late_records(planned.source.policy, late, result, log)
                 if total and settings.hold_back_late:  # left out by the scan; sent before the state moves
                     planned.source.hold_back(spark, boundary, total, {w: n for w, n in late.items() if n}, log)
-            bad = _BadRecords(manifest, spark, planned, reports, sink_config)
+            bad = BadRecords(manifest, spark, planned, reports, sink_config)
             bad.judge_undecodable(result)
         rows = result.rows_extracted = sum(r.rows for r in reports)
         tally = Tally()
@@ -226,85 +220,11 @@ def copy(
     return Delivered(stats, rows - removed)
 
 
-class _BadRecords:
-    """The records the tasks set aside (direct/task.SET_ASIDE_KEPT), judged where the Spark SQL
-    path judges them and by its rules (engine/bad_records.py): undecodable ones with the extract,
-    by Spark's own decoder (a record it reads — drift, a type the task decoder does not write —
-    sends the batch to the Spark SQL path); upserts without their unique key after the extracted
-    gates; messages over message.max.bytes after the published gates. Each follows
-    source.options.on_error: fail raises before anything is produced, dead letters are sent once
-    every gate passed."""
-
-    def __init__(self, manifest: Manifest, spark: SparkSession, planned: PlannedRead, reports: list[task.ScanReport], sink_config: dict):
-        tables = [r.set_aside for r in reports if r.set_aside is not None and r.set_aside.num_rows]
-        self.manifest, self.spark, self.planned = manifest, spark, planned
-        self.aside = pa.concat_tables(tables) if tables else None
-        self.letters: DeadLetters | None = None
-        if self.aside is not None:
-            raw = spark.createDataFrame(self.aside.select(list(task.RAW_NAMES)).to_pylist(), RAW_SCHEMA)
-            self.letters = DeadLetters(manifest, raw, sink_config)
-        self.left_out = 0  # records judged so far (left out of the messages)
-
-    def count(self, kind: str) -> int:
-        return 0 if self.aside is None else int(pc.sum(pc.equal(self.aside["kind"], kind)).as_py() or 0)
-
-    def positions(self, kind: str | None = None) -> dict[int, np.ndarray]:
-        """The source offsets of one kind (None: every kind), per partition (sorted)."""
-        if self.aside is None or (kind is not None and not self.count(kind)):
-            return {}
-        picked = self.aside if kind is None else self.aside.filter(pc.equal(self.aside["kind"], kind))
-        return by_partition(picked)
-
-    def judge_undecodable(self, result: RunResult) -> None:
-        n = self.count("undecodable")
-        if not n:
-            return
-        source = _batch_source(self.planned)
-        assert source is not None and self.letters is not None and self.letters.raw is not None
-        plan = source.json_plan(self.planned.boundary)
-        envelope = "auto" if source.options.envelope == "auto" else plan.envelope
-        undecodable = self.letters.raw.join(self._of("undecodable"), on=["partition", "offset"], how="left_semi")
-        detect = source.options.schema_ is None  # as the Spark SQL path looks for fields beyond the schema
-        decoded = decode_json(undecodable, plan.schema, envelope, detect_unknown=detect)
-        readable = F.col(C.CORRUPT).isNull()
-        if detect:  # a field beyond the inferred schema widens it there, corrupt record or not
-            readable = readable | F.col(C.UNKNOWN_KEYS).isNotNull()
-        if decoded.where(readable).limit(1).count():
-            raise ToSparkSql("a value the task decoder leaves to Spark (another type, or a field beyond the schema)")
-        bad = decoded.select(F.col(C.SOURCE_PARTITION).alias("partition"), F.col(C.SOURCE_OFFSET).alias("offset"), F.col(C.CORRUPT).alias("reason"))
-        self._handle(bad, n, result, f"record(s) of {self.planned.label} could not be decoded")
-
-    def judge_keyless(self, result: RunResult) -> None:
-        n = self.count("keyless")
-        if n:
-            reason = f"missing unique key {list(self.manifest.sink.strategy.unique_key_columns)}"
-            self._handle(self._of("keyless").withColumn("reason", F.lit(reason)), n, result, bad_records.KEYLESS)
-
-    def judge_oversized(self, result: RunResult, limit: int) -> None:
-        n = self.count("oversized")
-        if n:
-            reason = F.concat(F.lit("message of "), F.col("size").cast("string"), F.lit(f" bytes exceeds message.max.bytes {limit}"))
-            bad = self._of("oversized", with_size=True).select("partition", "offset", reason.alias("reason"))
-            self._handle(bad, n, result, bad_records.oversized(limit))
-
-    def _of(self, kind: str, with_size: bool = False) -> Any:
-        assert self.aside is not None
-        picked = self.aside.filter(pc.equal(self.aside["kind"], kind))
-        rows = list(zip(picked["partition"].to_pylist(), picked["offset"].to_pylist(), picked["size"].to_pylist(), strict=True))
-        frame = self.spark.createDataFrame(rows, "partition int, offset long, size long")
-        return frame if with_size else frame.drop("size")
-
-    def _handle(self, bad: Any, n: int, result: RunResult, what: str) -> None:
-        assert self.letters is not None
-        handle_bad_records(self.manifest, bad, n, self.letters, result, what)
-        self.left_out += n
-
-
 def _decoded_as_planned(planned: PlannedRead, settings: task.DirectSettings, reports: list[task.ScanReport]) -> list[str]:
     """The source's notes, as the Spark SQL path gives them. A registry source was decoded with
     every version of its subject; the Spark SQL path merges only the versions the batch carries,
     so a batch whose versions merge into another payload schema goes there (ToSparkSql)."""
-    source = _batch_source(planned)
+    source = batch_source(planned)
     assert source is not None
     registry = settings.registry_source
     if registry is None:
@@ -335,7 +255,7 @@ def _settings(
 ) -> tuple[task.DirectSettings | None, PreparedSchema | None, str | None]:
     """The tasks' settings from the batch's JSON plan (and the sink's prepared Avro schema), or why
     the direct path cannot decode or encode it."""
-    source = _batch_source(planned)
+    source = batch_source(planned)
     assert source is not None  # refusal() checked it
     registry = None
     if source.options.message_format == "json":
@@ -362,12 +282,9 @@ def _settings(
     reserved = sorted(n for n in names if n.startswith("__dpone__"))
     if reserved:
         return None, None, f"payload fields named like the engine's own columns {reserved}"
-    key_columns: tuple[int, ...] | None = None
-    if sink.options.key.mode == "unique_key" and sink.strategy.unique_key_columns:
-        missing = [c for c in sink.strategy.unique_key_columns if c not in names]
-        if missing:
-            return None, None, f"unique_key column(s) {missing} not in the batch"
-        key_columns = tuple(names.index(c) for c in sink.strategy.unique_key_columns)
+    key_columns, reason = direct_shape.key_columns(sink, names)
+    if reason is not None:
+        return None, None, reason
     # Published once per key only where repeated keys are settled (de-duplicated or refused); where
     # every record is published, `unique` on the key is left to Spark SQL, which counts repeats.
     once_per_key = key_columns is not None and (uses_dedupe(sink) or refuses_duplicates(sink))
@@ -411,7 +328,7 @@ def _settings(
             headers=HeaderSpec.of(sink.options.headers.static, sink.options.headers.lineage, sink.options.headers.replicate_source, source.topic),
             source_envelope=source_envelope,
             registry_source=registry,
-            deletes=_delete_mode(manifest),
+            deletes=direct_shape.delete_mode(sink),
             source_key_for_deletes=sink.options.key.mode == "unique_key",
             delete_envelope=envelope_parts(C.DELETE, sink.strategy.mode, run_id, {"topic": source.topic}),
             row_checks=row_checks,
@@ -422,20 +339,6 @@ def _settings(
         prepared,
         None,
     )
-
-
-def _delete_mode(manifest: Manifest) -> str:
-    """What a delete becomes (direct/task.DirectSettings.deletes)."""
-    deletes = manifest.sink.options.deletes
-    if not deletes.enabled:
-        return deletes.when_disabled  # skip | fail
-    return "tombstone" if deletes.tombstone else "event"
-
-
-def _batch_source(planned: PlannedRead) -> KafkaBatchSource | None:
-    """The read's Kafka source, also behind the late-record screen of a time-window read."""
-    source = planned.source.source if isinstance(planned.source, LateRecordScreen) else planned.source
-    return source if isinstance(source, KafkaBatchSource) else None
 
 
 def _scan(

@@ -45,7 +45,7 @@ from pyspark.sql.types import StructType
 from dpone_dagster import columns as C
 from dpone_dagster.direct import sql_task
 from dpone_dagster.direct.keys import candidates, in_source_order, left_out_by_policy, repeated_keys
-from dpone_dagster.engine import bad_records, direct_checks, direct_registry
+from dpone_dagster.engine import bad_records, direct_checks, direct_registry, direct_shape
 from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
 from dpone_dagster.engine.direct_keys import refuse_repeats
 from dpone_dagster.engine.results import RunResult
@@ -198,12 +198,9 @@ def _settings(
     arrow = arrow_schema(payload)
     if arrow is None or not names:
         return None, None, "a payload type without an Arrow form"
-    key_columns = None
-    if options.key.mode == "unique_key" and sink.strategy.unique_key_columns:
-        missing = [c for c in sink.strategy.unique_key_columns if c not in names]
-        if missing:
-            return None, None, f"unique_key column(s) {missing} not in the batch"
-        key_columns = tuple(names.index(c) for c in sink.strategy.unique_key_columns)
+    key_columns, reason = direct_shape.key_columns(sink, names)
+    if reason is not None:
+        return None, None, reason
     json_value = options.message_format == "json"
     reason = message.unwritable_type(arrow, key_columns, json_value, options.key.mode == "hash_row")
     if reason is not None:
@@ -214,7 +211,6 @@ def _settings(
     key, reason = direct_registry.prepare_key(manifest, prepared)
     if reason is not None:
         return None, None, reason
-    deletes = options.deletes
     envelope = json_value and options.envelope == "dpone"
     strategy = sink.strategy.mode
     rule = message.MessageRule(
@@ -222,7 +218,7 @@ def _settings(
         hash_row=options.key.mode == "hash_row",
         value_format=(prepared.fmt, prepared.schema_str, prepared.message_indexes, prepared.references) if prepared is not None else None,
         envelope=envelope_parts(C.UPSERT, strategy, run_id, {}) if envelope else None,
-        deletes=("tombstone" if deletes.tombstone else "event") if deletes.enabled else deletes.when_disabled,
+        deletes=direct_shape.delete_mode(sink),
         delete_envelope=envelope_parts(C.DELETE, strategy, run_id, {}) if envelope else None,
         source_key_for_deletes=options.key.mode == "unique_key",
         key_format=direct_registry.key_format(key),

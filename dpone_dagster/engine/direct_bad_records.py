@@ -1,0 +1,107 @@
+"""The records a direct-path scan set aside (undecodable, without their unique key, over
+message.max.bytes), judged on the driver where and as the Spark SQL path judges them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from dpone_dagster import columns as C
+from dpone_dagster.direct import task
+from dpone_dagster.engine import bad_records
+from dpone_dagster.engine.bad_records import handle_bad_records
+from dpone_dagster.engine.direct_attempt import ToSparkSql
+from dpone_dagster.engine.direct_keys import by_partition
+from dpone_dagster.engine.results import RunResult
+from dpone_dagster.engine.stages.boundary import PlannedRead
+from dpone_dagster.engine.time_windows import LateRecordScreen
+from dpone_dagster.manifest.models import Manifest
+from dpone_dagster.sinks.dead_letters import DeadLetters
+from dpone_dagster.sources.kafka import KafkaBatchSource
+from dpone_dagster.sources.kafka_reader import RAW_SCHEMA
+from dpone_dagster.spark.decode import decode_json
+
+
+def batch_source(planned: PlannedRead) -> KafkaBatchSource | None:
+    """The read's Kafka source, also behind the late-record screen of a time-window read."""
+    source = planned.source.source if isinstance(planned.source, LateRecordScreen) else planned.source
+    return source if isinstance(source, KafkaBatchSource) else None
+
+
+class BadRecords:
+    """The records the tasks set aside (direct/task.SET_ASIDE_KEPT), judged where the Spark SQL
+    path judges them and by its rules (engine/bad_records.py): undecodable ones with the extract,
+    by Spark's own decoder (a record it reads — drift, a type the task decoder does not write —
+    sends the batch to the Spark SQL path); upserts without their unique key after the extracted
+    gates; messages over message.max.bytes after the published gates. Each follows
+    source.options.on_error: fail raises before anything is produced, dead letters are sent once
+    every gate passed."""
+
+    def __init__(self, manifest: Manifest, spark: SparkSession, planned: PlannedRead, reports: list[task.ScanReport], sink_config: dict):
+        tables = [r.set_aside for r in reports if r.set_aside is not None and r.set_aside.num_rows]
+        self.manifest, self.spark, self.planned = manifest, spark, planned
+        self.aside = pa.concat_tables(tables) if tables else None
+        self.letters: DeadLetters | None = None
+        if self.aside is not None:
+            raw = spark.createDataFrame(self.aside.select(list(task.RAW_NAMES)).to_pylist(), RAW_SCHEMA)
+            self.letters = DeadLetters(manifest, raw, sink_config)
+        self.left_out = 0  # records judged so far (left out of the messages)
+
+    def count(self, kind: str) -> int:
+        return 0 if self.aside is None else int(pc.sum(pc.equal(self.aside["kind"], kind)).as_py() or 0)
+
+    def positions(self, kind: str | None = None) -> dict[int, np.ndarray]:
+        """The source offsets of one kind (None: every kind), per partition (sorted)."""
+        if self.aside is None or (kind is not None and not self.count(kind)):
+            return {}
+        picked = self.aside if kind is None else self.aside.filter(pc.equal(self.aside["kind"], kind))
+        return by_partition(picked)
+
+    def judge_undecodable(self, result: RunResult) -> None:
+        n = self.count("undecodable")
+        if not n:
+            return
+        source = batch_source(self.planned)
+        assert source is not None and self.letters is not None and self.letters.raw is not None
+        plan = source.json_plan(self.planned.boundary)
+        envelope = "auto" if source.options.envelope == "auto" else plan.envelope
+        undecodable = self.letters.raw.join(self._of("undecodable"), on=["partition", "offset"], how="left_semi")
+        detect = source.options.schema_ is None  # as the Spark SQL path looks for fields beyond the schema
+        decoded = decode_json(undecodable, plan.schema, envelope, detect_unknown=detect)
+        readable = F.col(C.CORRUPT).isNull()
+        if detect:  # a field beyond the inferred schema widens it there, corrupt record or not
+            readable = readable | F.col(C.UNKNOWN_KEYS).isNotNull()
+        if decoded.where(readable).limit(1).count():
+            raise ToSparkSql("a value the task decoder leaves to Spark (another type, or a field beyond the schema)")
+        bad = decoded.select(F.col(C.SOURCE_PARTITION).alias("partition"), F.col(C.SOURCE_OFFSET).alias("offset"), F.col(C.CORRUPT).alias("reason"))
+        self._handle(bad, n, result, f"record(s) of {self.planned.label} could not be decoded")
+
+    def judge_keyless(self, result: RunResult) -> None:
+        n = self.count("keyless")
+        if n:
+            reason = f"missing unique key {list(self.manifest.sink.strategy.unique_key_columns)}"
+            self._handle(self._of("keyless").withColumn("reason", F.lit(reason)), n, result, bad_records.KEYLESS)
+
+    def judge_oversized(self, result: RunResult, limit: int) -> None:
+        n = self.count("oversized")
+        if n:
+            reason = F.concat(F.lit("message of "), F.col("size").cast("string"), F.lit(f" bytes exceeds message.max.bytes {limit}"))
+            bad = self._of("oversized", with_size=True).select("partition", "offset", reason.alias("reason"))
+            self._handle(bad, n, result, bad_records.oversized(limit))
+
+    def _of(self, kind: str, with_size: bool = False) -> Any:
+        assert self.aside is not None
+        picked = self.aside.filter(pc.equal(self.aside["kind"], kind))
+        rows = list(zip(picked["partition"].to_pylist(), picked["offset"].to_pylist(), picked["size"].to_pylist(), strict=True))
+        frame = self.spark.createDataFrame(rows, "partition int, offset long, size long")
+        return frame if with_size else frame.drop("size")
+
+    def _handle(self, bad: Any, n: int, result: RunResult, what: str) -> None:
+        assert self.letters is not None
+        handle_bad_records(self.manifest, bad, n, self.letters, result, what)
+        self.left_out += n
