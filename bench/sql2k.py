@@ -14,7 +14,8 @@ order events) and is dropped afterwards. Phases, each to its own sink topic:
   (s)  Spark JDBC read (partitioned by order_id over --num-partitions, fetchsize 10,000) → the
        engine's message shape (shape.JSON_WRITE_OPTIONS, key = order_id) → sinks.kafka.produce
   (e)  run_pipeline: source.type postgres, incremental_merge, unique_key order_id (keep_last),
-       or with --strategy append an incremental_append of the same keys, incremental_column
+       or with --strategy append an incremental_append of the same keys (append_repeated: keyed
+       by country, so every key repeats), incremental_column
        updated_at (first run: the whole table) — skipped with the reason when the engine refuses
        SQL sources
 The Spark session (with /usr/share/java/postgresql.jar on spark.jars) starts before (s) and its
@@ -262,6 +263,8 @@ state: {{type: local, path: "{state}"}}
 STRATEGIES = {
     "merge": "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}",
     "append": "{mode: incremental_append, unique_key: order_id}",
+    # Every row's key repeats (8 countries): the whole batch is produced in source order per key.
+    "append_repeated": "{mode: incremental_append, unique_key: country}",
 }
 
 
@@ -414,7 +417,7 @@ def print_report(report: dict[str, Any], out: Any = sys.stdout) -> None:
             f"{str(phase['in_topic']):>10}{cpu.get('tree_cpu_s', '-'):>8}{mem.get('tree_rss', '-'):>9}\n"
         )
         if phase.get("stage_seconds"):
-            w(f"      stages (s): {phase['stage_seconds']}\n")
+            w(f"      {phase.get('path', '?')} path, stages (s): {phase['stage_seconds']}\n")
     w(f"  ratios: {report['ratios']}\n")
 
 
