@@ -645,5 +645,7 @@ def test_a_tombstone_is_measured_without_the_value_frame():
     tombstone's value stays null on the wire (no frame), as the Spark SQL path measures it."""
     import pyarrow as pa
 
+    from dpone_dagster.direct.outgoing import sent_size
+
     values = pa.array([b"abc", None], pa.binary())
-    assert sql_task._sent_size(values, 5).to_pylist() == [8, 0]
+    assert sent_size(values, 5).to_pylist() == [8, 0]

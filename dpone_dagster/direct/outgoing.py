@@ -16,6 +16,12 @@ def sent_keys(messages: pa.RecordBatch) -> pa.Array:
     return messages.column(SENT_KEY) if SENT_KEY in messages.schema.names else messages.column("key")
 
 
+def sent_size(column: pa.Array, frame_bytes: int) -> pa.Array:
+    """Bytes of each key or value as sent, with its registry frame (none for a null: a null key,
+    a tombstone's value)."""
+    return pc.fill_null(pc.add(pc.binary_length(column), frame_bytes), 0)
+
+
 def outgoing(kept: pa.RecordBatch, value_prefix: bytes, headers: pa.Array | None, key_prefix: bytes = b"") -> pa.RecordBatch:
     """What the producer sends of kept messages: the key and the value behind their registered
     schemas' frames (a null key or a tombstone stays null), and the headers with no partition

@@ -23,7 +23,7 @@ import pyarrow.ipc as ipc
 
 from dpone_dagster import columns as C
 from dpone_dagster.direct.keys import TaskHashes, in_sorted, key_hashes
-from dpone_dagster.direct.outgoing import SENT_KEY, outgoing
+from dpone_dagster.direct.outgoing import SENT_KEY, outgoing, sent_size
 from dpone_dagster.direct.spill import SpillWriter, remove_file, run_directory, sweep_stale_spills
 from dpone_dagster.shape import headers as message_headers
 from dpone_dagster.shape import message
@@ -110,7 +110,7 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
                 keyless += upserts if rule.key_columns is not None else 0
                 keyless_deletes += tombstones
                 null_keys += missing - upserts - tombstones if settings.hashed else 0
-            sizes = pc.add(_sent_size(key if sent_key is None else sent_key, settings.key_frame_bytes), _sent_size(value, settings.value_frame_bytes))
+            sizes = pc.add(sent_size(key if sent_key is None else sent_key, settings.key_frame_bytes), sent_size(value, settings.value_frame_bytes))
             oversized += int(pc.sum(pc.greater(sizes, settings.max_message_bytes - settings.header_bytes)).as_py() or 0)
             if settings.hashed and not missing:
                 hashes.append(key_hashes(key))  # keys are told apart by their text, as on the Spark SQL path
@@ -123,11 +123,6 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
             messages += batch.num_rows
     hashed = TaskHashes.of(hashes) if settings.hashed else None
     return SqlReport(path, rows, deletes, messages, keyless, keyless_deletes, null_keys, oversized, refused, hashed)
-
-
-def _sent_size(column: pa.Array, frame_bytes: int) -> pa.Array:
-    """Bytes of each key or value as sent: with its registry frame, none for a null."""
-    return pc.fill_null(pc.add(pc.binary_length(column), frame_bytes), 0)
 
 
 def candidate_records(files: list[tuple[int, str]], candidates: np.ndarray) -> pa.Table | None:

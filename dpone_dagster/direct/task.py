@@ -22,7 +22,7 @@ import pyarrow.ipc as ipc
 
 from dpone_dagster.direct.keys import TaskHashes, in_sorted, key_hashes
 from dpone_dagster.direct.late import WindowRange, late_records
-from dpone_dagster.direct.outgoing import SENT_KEY, outgoing, sent_keys
+from dpone_dagster.direct.outgoing import SENT_KEY, outgoing, sent_keys, sent_size
 from dpone_dagster.direct.progress import Slice
 from dpone_dagster.direct.row_form import as_rows, rows_schema
 from dpone_dagster.direct.spill import SpillWriter, remove_file, run_directory, sweep_stale_spills
@@ -257,9 +257,7 @@ def _aside(raw: pa.RecordBatch, where: pa.Array, kind: str, sizes: pa.Array | No
 
 def _lengths(settings: DirectSettings, partition: int, messages: pa.RecordBatch) -> pa.Array:
     """Each message's size as the size limit counts it: key, value with its frame, headers."""
-    value_lengths = pc.binary_length(messages.column("value"))  # a tombstone: none, nor a frame
-    value_lengths = pc.fill_null(pc.add(value_lengths, settings.frame_bytes), 0)
-    lengths = pc.add(value_lengths, _key_lengths(messages, settings.key_frame_bytes))
+    lengths = pc.add(sent_size(messages.column("value"), settings.frame_bytes), sent_size(sent_keys(messages), settings.key_frame_bytes))
     if settings.headers is not None:
         lengths = pc.add(lengths, pa.array(_header_bytes(settings, partition, messages)))
     return lengths
@@ -357,11 +355,6 @@ def _header_bytes(settings: DirectSettings, partition: int, messages: pa.RecordB
     assert settings.headers is not None
     source = messages.column(SOURCE_HEADERS) if SOURCE_HEADERS in messages.schema.names else None
     return message_headers.header_bytes(settings.headers, partition, messages.column("offset"), source)
-
-
-def _key_lengths(messages: pa.RecordBatch, frame_bytes: int = 0) -> pa.Array:
-    """Each key's size as sent, with its frame (none for a null key)."""
-    return pc.fill_null(pc.add(pc.binary_length(sent_keys(messages)), frame_bytes), 0)
 
 
 def candidate_records(settings: DirectSettings, slices: list[Slice], candidates: np.ndarray, set_aside: dict[int, np.ndarray]) -> pa.Table:

@@ -51,7 +51,13 @@ from dpone_dagster.engine import direct_checks, direct_registry, direct_shape
 from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
 from dpone_dagster.engine.direct_bad_records import BadRecords, batch_source
 from dpone_dagster.engine.direct_keys import settle_repeated_keys
-from dpone_dagster.engine.direct_load import largest_group, produce_all, produce_ordered, storing_rule
+from dpone_dagster.engine.direct_load import (
+    check_ordered_delivery,
+    largest_group,
+    produce_all,
+    produce_ordered,
+    storing_rule,
+)
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.stages.gates import pre_publish_gates
@@ -206,7 +212,10 @@ def copy(
             settings = replace(settings, value_prefix=value_prefix, key_prefix=key_prefix)
         publish_dead_letters(bad.letters, result, log)  # the output leaves, letters first
         with stage(result, "load", log):
-            rows_of_stats = produce_ordered(jobs, slots, settings, producer, groups, ordered, set_aside, log) if ordered else []
+            rows_of_stats = []
+            if ordered:  # the slices read again may give other messages: checked against the count
+                rows_of_stats = produce_ordered(jobs, slots, settings, producer, groups, ordered, set_aside, log)
+                check_ordered_delivery(manifest, rows_of_stats, sum(len(o) for o in ordered.values()), result)
             not_in_slices = _merged(skip, ordered)  # left out, or produced first
             left_out = _merged(not_in_slices, set_aside)
             expected = {piece: n - _within(not_in_slices, piece) for report in reports for piece, n in report.kept}

@@ -28,6 +28,7 @@ from dpone_dagster.direct.ordered import ORDERED_DDL, SOURCE_ORDER, ordered_mess
 from dpone_dagster.direct.progress import Slice, SliceSchedule
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.commit import reconciles
+from dpone_dagster.engine.stages.load import check_delivery
 from dpone_dagster.engine.stages.timing import Log
 from dpone_dagster.errors import RunFailed
 from dpone_dagster.kafka.boundary import Boundary
@@ -65,6 +66,17 @@ def largest_group(groups: list[list[Slice]]) -> int:
     return max(sum(p[3] - p[2] for p in group) for group in groups)
 
 
+def check_ordered_delivery(manifest: Manifest, rows: list[dict[str, Any]], count: int, result: RunResult) -> None:
+    """The ordered produce of repeated keys (either direct path) delivered the `count` messages the
+    batch was judged with: a failed delivery fails the run before the rest is produced (the rest
+    would only be sent again by the rerun); another count means other messages than judged."""
+    stats = aggregate(rows)
+    if not stats.ok:
+        check_delivery(manifest, stats, result)
+    if stats.delivered != count:
+        raise RunFailed(f"{stats.delivered} message(s) of repeated keys acknowledged where the batch was judged with {count}; nothing was stored")
+
+
 def produce_ordered(
     jobs: BoundedJobs,
     window: int,
@@ -78,7 +90,8 @@ def produce_ordered(
     """Produce the messages of keys that repeat where every record is published (`ordered`: their
     source offsets per partition), before the rest: the tasks read them from the slices, Spark
     hands each key's messages to one producing task (a shuffle by key) in source order, as the
-    Spark SQL path orders them (sinks/kafka_messages.ordered_by_key). The delivery statistics rows."""
+    Spark SQL path orders them (sinks/kafka_messages.ordered_by_key). The delivery statistics rows
+    (for check_ordered_delivery)."""
     count = sum(len(offsets) for offsets in ordered.values())
     spark = jobs.spark
 
@@ -102,11 +115,7 @@ def produce_ordered(
         yield from produce_batches(bounded, batches)
 
     log(f"load: {count} message(s) of repeated keys produced first, in source order per key (direct path)")
-    rows = [row.asDict() for row in jobs.run(by_key.mapInArrow(produce_task, STATS_COLUMNS).collect, seconds, f"the ordered produce of {count} message(s) to '{producer.topic}'")]
-    stats = aggregate(rows)
-    if stats.ok and stats.delivered != count:  # the slices read again gave other messages
-        raise RunFailed(f"{stats.delivered} message(s) of repeated keys acknowledged where the batch was judged with {count}; nothing was stored")
-    return rows
+    return [row.asDict() for row in jobs.run(by_key.mapInArrow(produce_task, STATS_COLUMNS).collect, seconds, f"the ordered produce of {count} message(s) to '{producer.topic}'")]
 
 
 def produce_all(

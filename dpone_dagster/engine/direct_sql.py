@@ -48,13 +48,13 @@ from dpone_dagster.direct.keys import candidates, in_source_order, left_out_by_p
 from dpone_dagster.engine import bad_records, direct_checks, direct_registry, direct_shape
 from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
 from dpone_dagster.engine.direct_keys import refuse_repeats
+from dpone_dagster.engine.direct_load import check_ordered_delivery
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.stages.gates import pre_publish_gates
 from dpone_dagster.engine.stages.load import Delivered, check_delivery, producer_settings
 from dpone_dagster.engine.stages.shape import deletes_disabled
 from dpone_dagster.engine.stages.timing import Log, stage
-from dpone_dagster.errors import RunFailed
 from dpone_dagster.formats.registry_source import arrow_schema
 from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.kafka.delivery import aggregate
@@ -416,11 +416,7 @@ def _produce_ordered(
         return [row for batch in sql_task.produce_listed(settings, bounded, paths, *ordered) for row in batch.to_pylist()]
 
     rows = jobs.in_tasks([None], produce_rows, seconds, f"the ordered produce of {count} message(s) to '{producer.topic}'")[0]
-    stats = aggregate(rows)
-    if not stats.ok:  # the rest would only be produced again by the rerun
-        check_delivery(manifest, stats, result)
-    if stats.delivered != count:
-        raise RunFailed(f"{stats.delivered} message(s) of repeated keys acknowledged where the batch was judged with {count}; nothing was stored")
+    check_ordered_delivery(manifest, rows, count, result)
     return rows
 
 
