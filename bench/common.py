@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -430,9 +431,12 @@ def topic_end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
         consumer.close()
 
 
-def topic_count(bootstrap: str, topic: str, timeout_s: float = 300.0) -> int:
+def topic_count(bootstrap: str, topic: str, timeout_s: float = 300.0, quiet_s: float = 1.0) -> int:
     """Records in the topic, counted by reading every partition to its end: what arrived, which
-    offsets alone cannot show (the embedded broker has under-reported its watermarks)."""
+    offsets alone cannot show (the embedded broker has under-reported its watermarks). The count
+    ends only once every partition reported its end and no record came for `quiet_s` after that:
+    under load the embedded broker has reported a partition's end below records it had
+    acknowledged, and a count stopped there looks like lost records."""
     from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
     from dpone_dagster.kafka import inspect
@@ -442,19 +446,28 @@ def topic_count(bootstrap: str, topic: str, timeout_s: float = 300.0) -> int:
     try:
         partitions = inspect.topic_partitions(consumer, topic)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        count, pending = 0, set(partitions)
+        count, pending, ends = 0, set(partitions), dict.fromkeys(partitions, -1)
         deadline = time.monotonic() + timeout_s
-        while pending:
+        quiet_since = None
+        while pending or quiet_since is None or time.monotonic() - quiet_since < quiet_s:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{topic}: partitions {sorted(pending)} not read to their end in {timeout_s:.0f}s")
             for message in consumer.consume(num_messages=10_000, timeout=0.2):
-                err = message.error()
+                err, partition = message.error(), message.partition()
                 if err is None:
                     count += 1
+                    quiet_since = None
+                    if partition not in pending and message.offset() >= ends[partition]:  # past a reported end
+                        print(f"topic_count: {topic}[{partition}] record at offset {message.offset()} past the end "
+                              f"reported at {ends[partition]}", file=sys.stderr)
+                        ends[partition] = sys.maxsize  # said once per partition
                 elif err.code() == KafkaError._PARTITION_EOF:
-                    pending.discard(message.partition())
+                    pending.discard(partition)
+                    ends[partition] = message.offset()
                 else:
-                    raise RuntimeError(f"{topic}[{message.partition()}]: {err}")
+                    raise RuntimeError(f"{topic}[{partition}]: {err}")
+            if not pending and quiet_since is None:
+                quiet_since = time.monotonic()
         return count
     finally:
         consumer.close()
