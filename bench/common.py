@@ -431,43 +431,49 @@ def topic_end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
         consumer.close()
 
 
+# The embedded broker (Tansu, memory storage) answers reads from a metadata cache whose entries live
+# 5 s: under concurrent producers a stale entry can report a partition's end below records it had
+# acknowledged until it expires. A count is final only past that.
+BROKER_CACHE_S = 5.5
+
+
 def topic_count(bootstrap: str, topic: str, timeout_s: float = 300.0, quiet_s: float = 1.0) -> int:
-    """Records in the topic, counted by reading every partition to its end: what arrived, which
-    offsets alone cannot show (the embedded broker has under-reported its watermarks). The count
-    ends only once every partition reported its end and no record came for `quiet_s` after that:
-    under load the embedded broker has reported a partition's end below records it had
-    acknowledged, and a count stopped there looks like lost records."""
-    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+    """Records in the topic, counted by reading every partition from offset 0 to its end: what
+    arrived, which offsets alone cannot show. Two ways the embedded broker under-reports are kept
+    out: its earliest offset is the batch written first, not offset 0, when producers write a
+    partition concurrently (so the read starts at 0, not at OFFSET_BEGINNING); and an end reported
+    from its cache can be stale for `BROKER_CACHE_S` (so the count ends only once every partition
+    reported its end, that long after the count began, with no record for `quiet_s`)."""
+    from confluent_kafka import KafkaError, TopicPartition
 
     from dpone_dagster.kafka import inspect
 
-    # The engine's driver-side consumer (partition EOF on), with full-size fetches for a whole read.
-    consumer = inspect.make_consumer({"bootstrap.servers": bootstrap}, "bench-count", {"max.partition.fetch.bytes": 8_388_608})
+    # The engine's driver-side consumer (partition EOF on), with full-size fetches for a whole read;
+    # offset 0 gone by retention (a real cluster) starts at the earliest kept instead.
+    consumer = inspect.make_consumer({"bootstrap.servers": bootstrap}, "bench-count", {"max.partition.fetch.bytes": 8_388_608, "auto.offset.reset": "earliest"})
     try:
         partitions = inspect.topic_partitions(consumer, topic)
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
         count, pending, ends = 0, set(partitions), dict.fromkeys(partitions, -1)
-        deadline = time.monotonic() + timeout_s
-        quiet_since = None
-        while pending or quiet_since is None or time.monotonic() - quiet_since < quiet_s:
-            if time.monotonic() > deadline:
+        started = time.monotonic()
+        last_record = started
+        while pending or time.monotonic() - started < BROKER_CACHE_S or time.monotonic() - last_record < quiet_s:
+            if time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"{topic}: partitions {sorted(pending)} not read to their end in {timeout_s:.0f}s")
             for message in consumer.consume(num_messages=10_000, timeout=0.2):
                 err, partition = message.error(), message.partition()
                 if err is None:
                     count += 1
-                    quiet_since = None
+                    last_record = time.monotonic()
                     if partition not in pending and message.offset() >= ends[partition]:  # past a reported end
                         print(f"topic_count: {topic}[{partition}] record at offset {message.offset()} past the end "
                               f"reported at {ends[partition]}", file=sys.stderr)
                         ends[partition] = sys.maxsize  # said once per partition
                 elif err.code() == KafkaError._PARTITION_EOF:
                     pending.discard(partition)
-                    ends[partition] = message.offset()
+                    ends[partition] = max(ends[partition], message.offset())
                 else:
                     raise RuntimeError(f"{topic}[{partition}]: {err}")
-            if not pending and quiet_since is None:
-                quiet_since = time.monotonic()
         return count
     finally:
         consumer.close()
