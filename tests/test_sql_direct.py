@@ -649,3 +649,125 @@ def test_a_tombstone_is_measured_without_the_value_frame():
 
     values = pa.array([b"abc", None], pa.binary())
     assert sent_size(values, 5).to_pylist() == [8, 0]
+
+
+# An MSSQL CDC read, faked: no SQL Server can run here (no Docker; Microsoft's packages are not
+# reachable), so the LSN queries get canned answers and the JDBC read of
+# cdc.fn_cdc_get_all_changes_<instance> returns its rows as jTDS delivers them (LSNs as 0x text,
+# datetime2 as text). Everything after the read is the real engine, broker and state store.
+CDC_MIN_LSN, CDC_MAX_LSN = "0x0000002A000001F40001", "0x0000002A000002000003"
+CDC_CATALOG = (("order_id", "int", 10, 0), ("amount", "money", 19, 4), ("updated_at", "datetime2", None, None))
+
+
+def cdc_changes() -> list[tuple]:
+    """(start_lsn, seqval, operation, order_id, amount, updated_at): keys 1-5 change more than
+    once (updates, a delete last, a delete then an insert, two changes in one LSN told apart by
+    seqval); keys 10-69 are inserted once. Listed out of LSN order, as a read may return them."""
+    lsn = lambda n: f"0x0000002A000001F5{n:04X}"  # noqa: E731
+    seq = lambda n: f"0x0000002A00000100{n:04X}"  # noqa: E731
+    rows = [
+        (lsn(3), seq(1), 4, 1, "12.5000", "2026-01-01 00:00:03.0000000"),
+        (lsn(1), seq(1), 2, 1, "10.0000", "2026-01-01 00:00:01.0000000"),
+        (lsn(2), seq(1), 4, 1, "11.2500", "2026-01-01 00:00:02.0000000"),
+        (lsn(1), seq(2), 2, 2, "20.0000", "2026-01-01 00:00:01.0000000"),
+        (lsn(4), seq(1), 1, 2, "20.0000", "2026-01-01 00:00:01.0000000"),
+        (lsn(2), seq(3), 1, 4, "40.0000", "2026-01-01 00:00:00.5000000"),
+        (lsn(5), seq(1), 2, 4, "44.0000", "2026-01-01 00:00:05.0000000"),
+        (lsn(6), seq(2), 4, 5, "50.5000", "2026-01-01 00:00:06.2000000"),
+        (lsn(6), seq(1), 4, 5, "50.0000", "2026-01-01 00:00:06.1000000"),
+        (lsn(2), seq(4), 2, 3, "30.0000", "2026-01-01 00:00:02.0000000"),
+    ]
+    rows += [(lsn(7), seq(k), 2, k, f"{k}.0000", "2026-01-02 00:00:00.0000000") for k in range(10, 70)]
+    return rows
+
+
+def fake_mssql_cdc(spark: Any, monkeypatch: Any, changes: list[tuple]) -> None:
+    from decimal import Decimal
+
+    from dpone_dagster.sources.sql import text as T
+    from dpone_dagster.sources.sql.extract import SqlBatchSource
+    from dpone_dagster.sources.sql.jdbc import JdbcTable
+
+    answers = {"fn_cdc_get_min_lsn": [(CDC_MIN_LSN,)], "fn_cdc_get_max_lsn": [(CDC_MAX_LSN,)]}
+
+    def run_query(self: Any, spark: Any, sql: str, what: str) -> list[tuple]:
+        return next(rows for needle, rows in answers.items() if needle in sql)
+
+    raw = spark.createDataFrame(
+        [(s, q, o, k, Decimal(a), t) for s, q, o, k, a, t in changes],
+        f"{T.CDC_START_LSN} string, {T.CDC_SEQVAL} string, {T.CDC_OPERATION} int, order_id int, amount decimal(19,4), updated_at string",
+    ).repartition(3)
+    monkeypatch.setattr(JdbcTable, "check_driver", lambda self, spark: None)
+    monkeypatch.setattr(JdbcTable, "catalog", lambda self, spark: tuple(T.ColumnInfo(*c) for c in CDC_CATALOG))
+    monkeypatch.setattr(JdbcTable, "run_query", run_query)
+    monkeypatch.setattr(SqlBatchSource, "_read_jdbc", lambda self, spark, boundary: (raw, "jdbc read (canned CDC rows)"))
+    for key, value in {"SQL_DB_HOST": "sql.invalid", "SQL_DB_USER": "sa", "SQL_DB_PASSWORD": "pw"}.items():
+        monkeypatch.setenv(key, value)
+
+
+@pytest.mark.parametrize("policy", ["keep_last", "allow"])
+def test_an_mssql_cdc_batch_takes_the_direct_path_with_the_spark_sql_paths_messages(broker, spark, kafka_env, tmp_path, monkeypatch, policy):
+    """strategy: cdc over a change table read: keep_last publishes each key's last change in LSN
+    (then seqval) order, a delete last as its tombstone; allow publishes every change, each key's
+    in that order. The direct path writes what the Spark SQL path writes, in the same order per
+    key, and stores the planned LSN as the watermark."""
+    fake_mssql_cdc(spark, monkeypatch, cdc_changes())
+    results, stored = {}, {}
+    for path in ("direct", "spark_sql"):
+        dst = unique_topic(f"sqld_cdc_{path}")
+        create_topic(broker.bootstrap_servers, dst, 2)
+        text = (
+            manifest_text(dst, tmp_path / path, f"{{mode: cdc, unique_key: order_id, duplicate_policy: {policy}}}", "{deletes: {enabled: true, tombstone: true}}")
+            .replace("type: postgres", "type: mssql")
+            .replace("{schema: public, name: orders}", "{schema: dbo, name: orders}")
+            .replace("{incremental_column: updated_at, batch_size: 100}", "{}")
+        )
+        manifest = parse_manifest(text)
+        with monkeypatch.context() as patched:
+            if path == "spark_sql":
+                patched.setenv("DPONE_DIRECT_PATH", "off")
+            result = run_pipeline(manifest, spark, RunRequest(run_id=f"sqld-cdc-{path}"))
+        assert result.execution_path == path, result.notes
+        assert not kept_directory_exists(spark, result.run_id)
+        results[path] = sorted(consume_raw(broker.bootstrap_servers, dst), key=lambda r: (r["partition"], r["offset"]))
+        stored[path] = open_manifest_state_store(manifest).load_watermark(manifest.name)
+    direct, sql = results["direct"], results["spark_sql"]
+    assert messages(direct) == messages(sql)
+    assert stored["direct"] == stored["spark_sql"] and stored["direct"]["value"] == CDC_MAX_LSN
+
+    def per_key(records: list[dict]) -> dict[bytes, list[Any]]:
+        out: dict[bytes, list[Any]] = {}
+        for r in records:
+            out.setdefault(r["key"], []).append(json.loads(r["value"])["amount"] if r["value"] is not None else None)
+        return out
+
+    assert per_key(direct) == per_key(sql)
+    keyed = per_key(direct)
+    if policy == "keep_last":
+        assert len(direct) == 65
+        assert keyed[b"1"] == [12.5] and keyed[b"2"] == [None] and keyed[b"4"] == [44.0] and keyed[b"5"] == [50.5]
+    else:
+        assert len(direct) == 70
+        assert keyed[b"1"] == [10.0, 11.25, 12.5] and keyed[b"2"] == [20.0, None] and keyed[b"4"] == [None, 44.0]
+        assert keyed[b"5"] == [50.0, 50.5]
+
+
+def test_a_cdc_batch_too_large_for_the_drivers_key_hashes_goes_to_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """A CDC read is not counted when planning, so each scan task bounds the key hashes it sends
+    the driver: past its share the batch goes to the Spark SQL path (nothing produced first)."""
+    from dpone_dagster.engine import direct_sql
+
+    fake_mssql_cdc(spark, monkeypatch, cdc_changes())
+    monkeypatch.setattr(direct_sql, "MAX_HASHED_ROWS", 30)  # 10 per task of the three: 70 changes exceed it
+    dst = unique_topic("sqld_cdc_bound")
+    create_topic(broker.bootstrap_servers, dst, 2)
+    text = (
+        manifest_text(dst, tmp_path, "{mode: cdc, unique_key: order_id, duplicate_policy: keep_last}", "{deletes: {enabled: true, tombstone: true}}")
+        .replace("type: postgres", "type: mssql")
+        .replace("{incremental_column: updated_at, batch_size: 100}", "{}")
+    )
+    result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id="sqld-cdc-bound"))
+    assert result.execution_path == "spark_sql"
+    assert any("keyed rows in one task" in n for n in result.notes), result.notes
+    assert not kept_directory_exists(spark, result.run_id)
+    assert len(consume_raw(broker.bootstrap_servers, dst)) == 65

@@ -55,6 +55,9 @@ class SqlSettings:
     # Keys that repeat are all published (an append, duplicate_policy: allow): each kept message
     # keeps its row's source order too, so that the driver orders their messages (produce_listed).
     ordered: bool = False
+    # Distinct key hashes one task may send the driver, where the batch's size was not known when
+    # planning (a CDC read): more refuse the batch (the driver sends it to the Spark SQL path).
+    max_hashes: int | None = None
 
     @property
     def keeps_order(self) -> bool:
@@ -122,6 +125,8 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
             spill.write(pa.RecordBatch.from_arrays(kept, names=kept_names))
             messages += batch.num_rows
     hashed = TaskHashes.of(hashes) if settings.hashed else None
+    if hashed is not None and settings.max_hashes is not None and len(hashed.distinct) > settings.max_hashes:
+        refused, hashed = f"more than {settings.max_hashes:,} keyed rows in one task (their key hashes would come to the driver)", None
     return SqlReport(path, rows, deletes, messages, keyless, keyless_deletes, null_keys, oversized, refused, hashed)
 
 

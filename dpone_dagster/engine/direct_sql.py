@@ -71,7 +71,7 @@ from dpone_dagster.spark.keep import keep_batch, release_batch
 from dpone_dagster.spark.session import is_connect
 from dpone_dagster.spark.slots import local_mode, local_task_slots, produce_slots
 
-STRATEGIES = ("incremental_append", "incremental_merge", "full_refresh", "replace")
+STRATEGIES = ("incremental_append", "incremental_merge", "full_refresh", "replace", "cdc")
 # What a scan task may wait on the database beyond its rows (a connection, the query's start).
 READ_WAIT_S = 600.0
 # Rows with a unique key whose hashes (8 bytes each) the driver collects to find repeated keys.
@@ -97,8 +97,6 @@ def refusal(manifest: Manifest, planned: PlannedRead, spark: SparkSession) -> st
         return "the sink is not Kafka"
     if is_connect(spark) or not local_mode(spark):
         return "a Spark cluster: the kept messages would live on hosts no produce task is sure to reach"
-    if getattr(planned.boundary, "method", None) == "cdc":
-        return "a CDC read (deletes and change order)"
     if getattr(planned.boundary, "empty", False):
         return "nothing to read"
     format_reason = direct_registry.refusal(manifest)
@@ -260,6 +258,8 @@ def _scan(jobs: BoundedJobs, settings: sql_task.SqlSettings, frame: DataFrame, p
 
     frame = frame.select(*settings.names, C.OP, *([C.ORDER] if settings.keeps_order else []))  # what the rule reads
     tasks = frame.rdd.getNumPartitions()
+    if planned_rows is None and settings.hashed:  # refusal() could not bound the hashes: each task does
+        settings = replace(settings, max_hashes=MAX_HASHED_ROWS // tasks)
     seconds = deadline_s(2 * (planned_rows or 0), READ_WAIT_S, waves(tasks, local_task_slots(jobs.spark) or 1))
     rows = jobs.run(lambda: frame.mapInArrow(scanned, "report binary").collect(), seconds, "the scan of the batch")
     return [pickle.loads(row["report"]) for row in rows]
