@@ -27,7 +27,9 @@ from dpone_dagster.direct.keys import (
     TaskHashes,
     candidates,
     in_sorted,
+    is_candidate,
     key_hashes,
+    keyed_hashes,
     left_out_by_policy,
     repeated_keys,
 )
@@ -1003,6 +1005,17 @@ def test_key_hashes_tell_keys_apart():
     # A sliced array hashes its own values.
     assert key_hashes(pa.array(keys, pa.binary()).slice(3, 4)).tolist() == hashes[3:7].tolist()
     assert key_hashes(pa.array([b"ab"], pa.binary())).tolist() == [hashes[3]]
+
+
+def test_a_null_key_is_never_hashed_nor_a_candidate():
+    """Messages without a key are published unsettled (as the Spark SQL path keeps every one):
+    only the other keys are hashed, and a null key is never chosen, wherever it sits."""
+    keys = pa.array([b"a", None, b"b", None, b"a"], pa.binary())
+    hashes = key_hashes(pa.array([b"a", b"b"], pa.binary()))
+    assert keyed_hashes(keys).tolist() == [hashes[0], hashes[1], hashes[0]]
+    assert is_candidate(keys, np.sort(hashes[:1])).tolist() == [True, False, False, False, True]
+    assert is_candidate(keys.slice(1, 3), np.sort(hashes)).tolist() == [False, True, False]
+    assert is_candidate(pa.array([b"b"], pa.binary()), np.sort(hashes)).tolist() == [True]
 
 
 def test_candidates_are_hashes_seen_twice_anywhere():

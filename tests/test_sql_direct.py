@@ -771,3 +771,21 @@ def test_a_cdc_batch_too_large_for_the_drivers_key_hashes_goes_to_the_spark_sql_
     assert any("keyed rows in one task" in n for n in result.notes), result.notes
     assert not kept_directory_exists(spark, result.run_id)
     assert len(consume_raw(broker.bootstrap_servers, dst)) == 65
+
+
+@pytest.mark.parametrize("strategy", ["{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_last}", "{mode: incremental_append, unique_key: customer}"])
+def test_delete_events_without_a_key_among_keys_that_repeat_stay_on_the_direct_path(broker, spark, kafka_env, db, tmp_path, monkeypatch, strategy):
+    """Delete events (the dpone envelope, no tombstones) of rows without their key, among keys
+    that repeat (two orders per customer): every such event is published, as the Spark SQL path
+    publishes rows without a key, and the keyed rows are settled (keep_last) or ordered (an
+    append) as there: the same messages on both paths."""
+    create_orders(db, extra=", __dpone__op text")
+    execute(db, "UPDATE orders SET customer = NULL, __dpone__op = 'delete' WHERE order_id % 10 = 0")
+    options = "{envelope: dpone, deletes: {enabled: true, tombstone: false}}"
+    (direct, direct_records), (sql, sql_records) = run_both(broker.bootstrap_servers, spark, tmp_path, monkeypatch, strategy, options)
+    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
+    assert messages(direct_records) == messages(sql_records)
+    keyless = [r for r in direct_records if r["key"] is None]
+    assert len(keyless) == 30 and all(json.loads(r["value"])["op"] == "delete" for r in keyless)
+    assert direct.messages_produced == len(direct_records) == (300 if "append" in strategy else 30 + 150)  # c150 orders once, in a keyless row
+    assert not kept_directory_exists(spark, direct.run_id)

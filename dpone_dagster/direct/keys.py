@@ -127,6 +127,22 @@ def in_source_order(records: pa.Table, order: list[str], descending: bool = Fals
     return records.take(pc.sort_indices(pa.table(columns), options=pc.SortOptions(sort_keys=sort_keys)))
 
 
+def keyed_hashes(keys: pa.Array) -> np.ndarray:
+    """The hashes of the keys that are not null: a message without a key is never settled (the
+    Spark SQL path publishes every one of them)."""
+    return key_hashes(keys.filter(keys.is_valid()) if keys.null_count else keys)
+
+
+def is_candidate(keys: pa.Array, candidates: np.ndarray) -> np.ndarray:
+    """Which keys' hashes are among `candidates` (sorted); a null key never is."""
+    if not keys.null_count:
+        return in_sorted(key_hashes(keys), candidates)
+    valid = keys.is_valid().to_numpy(zero_copy_only=False)
+    chosen = np.zeros(len(keys), bool)
+    chosen[valid] = in_sorted(key_hashes(keys.filter(keys.is_valid())), candidates)
+    return chosen
+
+
 def in_sorted(values: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
     """Which of `values` are in `sorted_values` (ascending): a binary search, where np.isin would
     sort `sorted_values` again on every call."""

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from dpone_dagster import columns as C
-from dpone_dagster.direct.keys import TaskHashes, in_sorted, key_hashes
+from dpone_dagster.direct.keys import TaskHashes, in_sorted, is_candidate, keyed_hashes
 from dpone_dagster.direct.outgoing import SENT_KEY, outgoing, sent_size
 from dpone_dagster.direct.spill import SpillWriter, remove_file, run_directory, sweep_stale_spills
 from dpone_dagster.shape import headers as message_headers
@@ -74,7 +74,6 @@ class SqlReport:
     messages: int = 0
     keyless: int = 0  # upserts without their unique key
     keyless_deletes: int = 0  # deletes without a key to make their tombstone of
-    null_keys: int = 0  # other messages with a null key among keys the driver settles
     oversized: int = 0  # messages over message.max.bytes
     refused: str | None = None  # a value the rule does not write
     hashes: TaskHashes | None = None
@@ -84,7 +83,7 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
     """Write the messages of one Spark partition's rows into its file; never raises for a row
     (the report says what the driver must judge)."""
     path = spill_path(settings, partition)
-    rows = deletes = messages = keyless = keyless_deletes = null_keys = oversized = 0
+    rows = deletes = messages = keyless = keyless_deletes = oversized = 0
     hashes: list[np.ndarray] = []
     refused = None
     rule, names = settings.rule, list(settings.names)
@@ -111,12 +110,11 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
                 upserts = int(pc.sum(pc.and_(pc.is_null(key), pc.invert(is_delete))).as_py() or 0)
                 tombstones = missing - upserts if rule.deletes == "tombstone" else 0
                 keyless += upserts if rule.key_columns is not None else 0
-                keyless_deletes += tombstones
-                null_keys += missing - upserts - tombstones if settings.hashed else 0
+                keyless_deletes += tombstones  # the rest are delete events, published unsettled
             sizes = pc.add(sent_size(key if sent_key is None else sent_key, settings.key_frame_bytes), sent_size(value, settings.value_frame_bytes))
             oversized += int(pc.sum(pc.greater(sizes, settings.max_message_bytes - settings.header_bytes)).as_py() or 0)
-            if settings.hashed and not missing:
-                hashes.append(key_hashes(key))  # keys are told apart by their text, as on the Spark SQL path
+            if settings.hashed:
+                hashes.append(keyed_hashes(key))  # keys are told apart by their text, as on the Spark SQL path
             kept, kept_names = [key, value], list(MESSAGES.names)
             if settings.keeps_order:
                 kept, kept_names = [*kept, batch.column(C.ORDER)], [*kept_names, ORDER]
@@ -127,7 +125,7 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
     hashed = TaskHashes.of(hashes) if settings.hashed else None
     if hashed is not None and settings.max_hashes is not None and len(hashed.distinct) > settings.max_hashes:
         refused, hashed = f"more than {settings.max_hashes:,} keyed rows in one task (their key hashes would come to the driver)", None
-    return SqlReport(path, rows, deletes, messages, keyless, keyless_deletes, null_keys, oversized, refused, hashed)
+    return SqlReport(path, rows, deletes, messages, keyless, keyless_deletes, oversized, refused, hashed)
 
 
 def candidate_records(files: list[tuple[int, str]], candidates: np.ndarray) -> pa.Table | None:
@@ -137,7 +135,7 @@ def candidate_records(files: list[tuple[int, str]], candidates: np.ndarray) -> p
     found = []
     for index, path in files:
         for row, batch in _kept(path):
-            chosen = np.flatnonzero(in_sorted(key_hashes(batch.column("key")), candidates))
+            chosen = np.flatnonzero(is_candidate(batch.column("key"), candidates))
             if len(chosen):
                 picked = batch.take(pa.array(chosen))
                 n = len(chosen)

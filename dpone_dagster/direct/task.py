@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from dpone_dagster.direct.keys import TaskHashes, in_sorted, key_hashes
+from dpone_dagster.direct.keys import TaskHashes, in_sorted, is_candidate, key_hashes
 from dpone_dagster.direct.late import WindowRange, late_records
 from dpone_dagster.direct.outgoing import SENT_KEY, outgoing, sent_keys, sent_size
 from dpone_dagster.direct.progress import Slice
@@ -364,7 +364,7 @@ def candidate_records(settings: DirectSettings, slices: list[Slice], candidates:
     found = []
     for piece in slices:
         for messages in slice_messages(settings, piece, set_aside.get(piece[1])):
-            chosen = in_sorted(key_hashes(messages.column("key")), candidates)
+            chosen = is_candidate(messages.column("key"), candidates)
             if chosen.any():
                 picked = messages.filter(pa.array(chosen)).select(["key", "offset", "timestamp"])
                 found.append(picked.append_column("partition", pa.repeat(pa.scalar(piece[1], pa.int32()), picked.num_rows)))

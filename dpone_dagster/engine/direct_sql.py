@@ -270,9 +270,6 @@ def _judge(reports: list[sql_task.SqlReport]) -> None:
     refused = next((r.refused for r in reports if r.refused), None)
     if refused is not None:
         raise ToSparkSql(refused)
-    null_keys = sum(r.null_keys for r in reports)
-    if null_keys:
-        raise ToSparkSql(f"{null_keys} delete(s) without a key among keys that may repeat")
     if not sum(r.rows for r in reports):
         raise ToSparkSql("nothing was read")
 
