@@ -328,6 +328,24 @@ def test_deletes_with_registry_encoded_keys_take_the_spark_sql_path(broker, spar
     assert len(consume_raw(bs, dst)) == 50
 
 
+def test_a_source_tombstone_under_registry_encoded_keys_fails_the_run_and_produces_nothing(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """A source tombstone has no columns, so no record of the key columns can key it: like a
+    delete without its key it fails the run before anything is produced (a tombstone with a
+    null key deletes nothing), and no offset is stored."""
+    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", f"mock://{uuid.uuid4().hex[:8]}")
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("dsrc"), unique_topic("ddst")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    produce_json(bs, src, [*orders(20), None], partition=0, key=lambda row: row["order_id"] if row else 7)
+    sink = "message_format: avro, key: {format: avro}, schema_registry: {enabled: true}, deletes: {enabled: true, tombstone: true}"
+    manifest = parse_manifest(manifest_text(src, dst, tmp_path / dst, "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}", sink))
+    with pytest.raises(RunFailed, match=r"^1 delete\(s\) have no key, so no tombstone .*key.format: string"):
+        run_pipeline(manifest, spark)
+    assert consume_raw(bs, dst, timeout_s=5) == []
+    assert LocalStateStore(str(tmp_path / dst)).load_offsets(src, f"g_{dst}") == {}
+
+
 def test_a_protobuf_sink_writes_what_the_spark_sql_path_writes(broker, spark, kafka_env, tmp_path, monkeypatch):
     """A generated message class (its file imports well-known types): registered after the gates,
     each value framed with the schema id and the message indexes; the same bytes on both paths."""

@@ -789,3 +789,26 @@ def test_delete_events_without_a_key_among_keys_that_repeat_stay_on_the_direct_p
     assert len(keyless) == 30 and all(json.loads(r["value"])["op"] == "delete" for r in keyless)
     assert direct.messages_produced == len(direct_records) == (300 if "append" in strategy else 30 + 150)  # c150 orders once, in a keyless row
     assert not kept_directory_exists(spark, direct.run_id)
+
+
+def test_deletes_with_avro_keys_take_the_direct_path_with_the_spark_sql_paths_tombstones(broker, spark, kafka_env, db, tmp_path, monkeypatch):
+    """A SQL delete carries its row, so its Avro key (the key columns' record) is made as an
+    upsert's is: tombstones under the `-key` subject's schema, byte for byte past the frames the
+    Spark SQL path's, on the direct path."""
+    import uuid
+
+    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", f"mock://{uuid.uuid4().hex[:8]}")
+    create_orders(db, extra=", __dpone__op text")
+    execute(db, "UPDATE orders SET __dpone__op = 'delete' WHERE order_id % 7 = 0")
+    options = "{message_format: avro, key: {format: avro}, schema_registry: {enabled: true}, deletes: {enabled: true, tombstone: true}}"
+    (direct, direct_records), (sql, sql_records) = run_both(
+        broker.bootstrap_servers, spark, tmp_path, monkeypatch, "{mode: incremental_merge, unique_key: [customer, placed_on], duplicate_policy: keep_last}", options
+    )
+    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
+
+    def unframed(records: list[dict]) -> Counter:
+        return Counter((r["key"][5:], r["value"][5:] if r["value"] is not None else None) for r in records)
+
+    tombstones = [r for r in direct_records if r["value"] is None]
+    assert len(tombstones) == 42 and all(r["key"][:1] == b"\x00" and len(r["key"]) > 5 for r in tombstones)
+    assert len(direct_records) == 300 and unframed(direct_records) == unframed(sql_records)

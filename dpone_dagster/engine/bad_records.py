@@ -34,9 +34,15 @@ def sql_rows_refused(count: int, what: str, fix: str) -> DataRefused:
     return DataRefused(f"{count} {what}; nothing was produced and the watermark did not move. {fix}")
 
 
-def keyless_deletes(count: int) -> RunFailed:
+def keyless_deletes(count: int, registry_keys: bool = False) -> RunFailed:
     """The failure of a batch whose deletes have no key to make tombstones of."""
-    return RunFailed(f"{count} delete(s) have no key, so no tombstone can be produced; check unique_key")
+    fix = (
+        "a source tombstone has no columns to make the registry-encoded key of (sink.options.key.format); "
+        "use key.format: string to key it by its source record's key, or check unique_key"
+        if registry_keys
+        else "check unique_key"
+    )
+    return RunFailed(f"{count} delete(s) have no key, so no tombstone can be produced; {fix}")
 
 
 def handle_bad_records(

@@ -194,13 +194,21 @@ def _prepare_protobuf(manifest: Manifest) -> PreparedSchema:
     )
 
 
+def encodes_keys(sink: KafkaSink) -> bool:
+    """Keys are registry-encoded: key.format avro | json_schema, keyed by the unique key, beside
+    an Avro or JSON Schema value. Such a key is the record of the key columns, so a delete
+    without them (a source tombstone) has none (pure)."""
+    options = sink.options
+    return options.key.format in ("avro", "json_schema") and options.key.mode == "unique_key" and options.message_format in ("avro", "json_schema")
+
+
 def planned_key(manifest: Manifest, prepared: PreparedSchema) -> KeyEncoding | None:
     """The `-key` subject's schema of registry-encoded keys (key.format avro | json_schema, keyed
     by the unique key, beside an Avro or JSON Schema value), id 0 until registered; None when
     keys are not registry-encoded (pure)."""
     sink = manifest.sink
     key_format = sink.options.key.format
-    if key_format not in ("avro", "json_schema") or sink.options.key.mode != "unique_key" or prepared.result is None:
+    if not encodes_keys(sink) or prepared.result is None:
         return None
     columns = sink.strategy.unique_key_columns
     name, namespace = record_name(manifest)

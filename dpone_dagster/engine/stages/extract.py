@@ -5,6 +5,7 @@ repeat, a bound on message sizes)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import reduce
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -18,6 +19,7 @@ from dpone_dagster.errors import ConfigError
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.manifest.rules import REGISTRY_FORMATS
 from dpone_dagster.sinks import kafka_messages
+from dpone_dagster.sinks.registry import encodes_keys
 from dpone_dagster.sources.kafka_reader import JSON_OK
 from dpone_dagster.spark.keep import keep_batch
 
@@ -171,7 +173,14 @@ def _shape_facts(manifest: Manifest, keyed: DataFrame, ctx: kafka_messages.Shape
     key_missing = F.col(kafka_messages.KEY).isNull() & F.col(C.CORRUPT).isNull()
     facts: dict[str, Column] = {}
     if sink.options.deletes.tombstone:
-        facts["keyless_deletes"] = F.count(F.when((F.col(C.OP) == C.DELETE) & key_missing, 1))
+        # A registry-encoded key is the key columns' record: a delete without them has none,
+        # whatever its source key (the text key falls back to it).
+        no_key = (
+            reduce(lambda a, b: a & b, [F.col(c).isNull() for c in sink.strategy.unique_key_columns]) & F.col(C.CORRUPT).isNull()
+            if encodes_keys(sink) and sink.strategy.unique_key_columns
+            else key_missing
+        )
+        facts["keyless_deletes"] = F.count(F.when((F.col(C.OP) == C.DELETE) & no_key, 1))
     if sink.options.key.mode == "unique_key" and sink.strategy.unique_key_columns:
         facts["keyless_upserts"] = F.count(F.when((F.col(C.OP) == C.UPSERT) & key_missing, 1))
     if not writes_registry_format(manifest):

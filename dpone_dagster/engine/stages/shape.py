@@ -25,6 +25,7 @@ from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.sinks import kafka_messages
 from dpone_dagster.sinks.dead_letters import DeadLetters
+from dpone_dagster.sinks.registry import encodes_keys
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def shape_messages(
         result.deletes_skipped = deletes
     keyed = kafka_messages.sink_key(batch, sink)
     if counts["keyless_deletes"]:
-        raise bad_records.keyless_deletes(counts["keyless_deletes"])
+        raise bad_records.keyless_deletes(counts["keyless_deletes"], encodes_keys(sink))
     keyless = counts["keyless_upserts"]
     if keyless:
         lineage = kafka_messages.lineage(keyed)  # null for a SQL source
