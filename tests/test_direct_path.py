@@ -312,9 +312,8 @@ def test_registry_encoded_keys_are_told_apart_as_the_spark_sql_path_tells_them(b
     assert out["direct"][1] == out["spark_sql"][1] and sum(out["direct"][1].values()) == 2
 
 
-def test_deletes_with_registry_encoded_keys_take_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch):
-    """A delete is keyed by its source record's key, which a registry-encoded key cannot be: the
-    run takes the Spark SQL path, saying why."""
+def test_registry_encoded_keys_with_deletes_enabled_and_no_delete_take_the_direct_path(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """Deletes enabled beside registry-encoded keys, a batch of upserts only: the direct path."""
     monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", f"mock://{uuid.uuid4().hex[:8]}")
     bs = broker.bootstrap_servers
     src, dst = unique_topic("dsrc"), unique_topic("ddst")
@@ -324,7 +323,7 @@ def test_deletes_with_registry_encoded_keys_take_the_spark_sql_path(broker, spar
     sink = "message_format: avro, key: {format: avro}, schema_registry: {enabled: true}, deletes: {enabled: true, tombstone: true}"
     text = manifest_text(src, dst, tmp_path / dst, "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}", sink)
     result = run_pipeline(parse_manifest(text), spark)
-    assert result.execution_path == "spark_sql"
+    assert result.execution_path == "direct", result.notes
     assert len(consume_raw(bs, dst)) == 50
 
 
@@ -344,6 +343,34 @@ def test_a_source_tombstone_under_registry_encoded_keys_fails_the_run_and_produc
         run_pipeline(manifest, spark)
     assert consume_raw(bs, dst, timeout_s=5) == []
     assert LocalStateStore(str(tmp_path / dst)).load_offsets(src, f"g_{dst}") == {}
+
+
+def test_envelope_deletes_with_their_data_under_avro_keys_take_the_direct_path(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """A dpone-envelope source whose delete events carry their data: each delete's Avro key is the
+    key columns' record, as an upsert's, so the tombstones are keyed on the direct path, byte for
+    byte past the frames the Spark SQL path's."""
+    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", f"mock://{uuid.uuid4().hex[:8]}")
+    bs = broker.bootstrap_servers
+    src = unique_topic("dsrc")
+    create_topic(bs, src, 2)
+    events = [
+        {"op": "delete", "data": {"order_id": i % 40}} if i % 9 == 4 else {"op": "upsert", "data": {"order_id": i % 40, "amount": i * 1.5}}
+        for i in range(200)
+    ]
+    produce_json(bs, src, events, key=lambda event: event["data"]["order_id"])
+    sink = "message_format: avro, key: {format: avro}, schema_registry: {enabled: true}, deletes: {enabled: true, tombstone: true}"
+    (direct, direct_records), (sql, sql_records) = run_both(
+        bs, spark, src, tmp_path, monkeypatch, "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}", sink, 2,
+        source_options="envelope: dpone",
+    )
+    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
+
+    def unframed(records: list[dict[str, Any]]) -> Counter:
+        return Counter((r["key"][5:], r["value"] and r["value"][5:]) for r in records)  # partitions follow the framed key
+
+    assert len(direct_records) == 40 and any(r["value"] is None for r in direct_records)
+    assert all(r["key"] is not None and r["key"][:1] == b"\x00" for r in direct_records)
+    assert unframed(direct_records) == unframed(sql_records)
 
 
 def test_a_protobuf_sink_writes_what_the_spark_sql_path_writes(broker, spark, kafka_env, tmp_path, monkeypatch):

@@ -662,7 +662,7 @@ CDC_CATALOG = (("order_id", "int", 10, 0), ("amount", "money", 19, 4), ("updated
 def cdc_changes() -> list[tuple]:
     """(start_lsn, seqval, operation, order_id, amount, updated_at): keys 1-5 change more than
     once (updates, a delete last, a delete then an insert, two changes in one LSN told apart by
-    seqval); keys 10-69 are inserted once. Listed out of LSN order, as a read may return them."""
+    seqval, a delete and an insert told apart by the operation); keys 10-69 are inserted once. Listed out of LSN order, as a read may return them."""
     lsn = lambda n: f"0x0000002A000001F5{n:04X}"  # noqa: E731
     seq = lambda n: f"0x0000002A00000100{n:04X}"  # noqa: E731
     rows = [
@@ -676,6 +676,9 @@ def cdc_changes() -> list[tuple]:
         (lsn(6), seq(2), 4, 5, "50.5000", "2026-01-01 00:00:06.2000000"),
         (lsn(6), seq(1), 4, 5, "50.0000", "2026-01-01 00:00:06.1000000"),
         (lsn(2), seq(4), 2, 3, "30.0000", "2026-01-01 00:00:02.0000000"),
+        # One statement's delete and insert of key 6 share (lsn, seqval): the operation orders them.
+        (lsn(8), seq(1), 2, 6, "66.0000", "2026-01-01 00:00:08.0000000"),
+        (lsn(8), seq(1), 1, 6, "60.0000", "2026-01-01 00:00:07.0000000"),
     ]
     rows += [(lsn(7), seq(k), 2, k, f"{k}.0000", "2026-01-02 00:00:00.0000000") for k in range(10, 70)]
     return rows
@@ -744,21 +747,24 @@ def test_an_mssql_cdc_batch_takes_the_direct_path_with_the_spark_sql_paths_messa
     assert per_key(direct) == per_key(sql)
     keyed = per_key(direct)
     if policy == "keep_last":
-        assert len(direct) == 65
+        assert len(direct) == 66
         assert keyed[b"1"] == [12.5] and keyed[b"2"] == [None] and keyed[b"4"] == [44.0] and keyed[b"5"] == [50.5]
+        assert keyed[b"6"] == [66.0]
     else:
-        assert len(direct) == 70
+        assert len(direct) == 72
+        assert keyed[b"6"] == [None, 66.0]
         assert keyed[b"1"] == [10.0, 11.25, 12.5] and keyed[b"2"] == [20.0, None] and keyed[b"4"] == [None, 44.0]
         assert keyed[b"5"] == [50.0, 50.5]
 
 
 def test_a_cdc_batch_too_large_for_the_drivers_key_hashes_goes_to_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch):
-    """A CDC read is not counted when planning, so each scan task bounds the key hashes it sends
-    the driver: past its share the batch goes to the Spark SQL path (nothing produced first)."""
+    """A CDC read is not counted when planning, so each scan task bounds the rows it scans (and the
+    key hashes it sends the driver): past its share it stops, and the batch goes to the Spark SQL
+    path (nothing produced first)."""
     from dpone_dagster.engine import direct_sql
 
     fake_mssql_cdc(spark, monkeypatch, cdc_changes())
-    monkeypatch.setattr(direct_sql, "MAX_HASHED_ROWS", 30)  # 10 per task of the three: 70 changes exceed it
+    monkeypatch.setattr(direct_sql, "MAX_HASHED_ROWS", 30)  # 10 rows per task of the three: 72 changes exceed it
     dst = unique_topic("sqld_cdc_bound")
     create_topic(broker.bootstrap_servers, dst, 2)
     text = (
@@ -768,9 +774,9 @@ def test_a_cdc_batch_too_large_for_the_drivers_key_hashes_goes_to_the_spark_sql_
     )
     result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id="sqld-cdc-bound"))
     assert result.execution_path == "spark_sql"
-    assert any("keyed rows in one task" in n for n in result.notes), result.notes
+    assert any("rows in one task of a read not counted when planning" in n for n in result.notes), result.notes
     assert not kept_directory_exists(spark, result.run_id)
-    assert len(consume_raw(broker.bootstrap_servers, dst)) == 65
+    assert len(consume_raw(broker.bootstrap_servers, dst)) == 66
 
 
 @pytest.mark.parametrize("strategy", ["{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_last}", "{mode: incremental_append, unique_key: customer}"])

@@ -925,7 +925,7 @@ def test_cdc_extract_maps_operations_order_and_types(spark):
     rows = result.df.orderBy(C.ORDER).collect()
     assert [r[C.OP] for r in rows] == [C.UPSERT, C.UPSERT, C.DELETE]
     assert rows[0]["updated_at"] == datetime(2024, 1, 2, 3, 4, 5, 123456)
-    assert rows[2][C.ORDER].asDict() == {"lsn": "0x0000002A000002000003", "seq": "0x0000002A000002000001"}
+    assert rows[2][C.ORDER].asDict() == {"lsn": "0x0000002A000002000003", "seq": "0x0000002A000002000001", "op": 1}
 
 
 @pytest.mark.parametrize("db", ["postgres"], indirect=True)  # timestamp with time zone is a PostgreSQL type

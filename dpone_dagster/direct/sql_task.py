@@ -55,9 +55,10 @@ class SqlSettings:
     # Keys that repeat are all published (an append, duplicate_policy: allow): each kept message
     # keeps its row's source order too, so that the driver orders their messages (produce_listed).
     ordered: bool = False
-    # Distinct key hashes one task may send the driver, where the batch's size was not known when
-    # planning (a CDC read): more refuse the batch (the driver sends it to the Spark SQL path).
-    max_hashes: int | None = None
+    # Rows one task may scan where the batch was not counted when planning (a CDC read): past
+    # them it stops and refuses the batch (the driver sends it to the Spark SQL path), so the key
+    # hashes and candidate rows the driver gathers, and the scan's time bound, stay bounded.
+    max_rows: int | None = None
 
     @property
     def keeps_order(self) -> bool:
@@ -91,6 +92,9 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
     with SpillWriter(path, MESSAGES) as spill:
         for batch in batches:
             rows += batch.num_rows
+            if settings.max_rows is not None and rows > settings.max_rows:
+                refused = f"more than {settings.max_rows:,} rows in one task of a read not counted when planning"
+                break  # Spark ends the read with the task
             is_delete = pc.fill_null(pc.equal(batch.column(C.OP), C.DELETE), False)
             found = int(pc.sum(is_delete).as_py() or 0)
             deletes += found
@@ -122,9 +126,7 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
                 kept, kept_names = [*kept, sent_key], [*kept_names, SENT_KEY]
             spill.write(pa.RecordBatch.from_arrays(kept, names=kept_names))
             messages += batch.num_rows
-    hashed = TaskHashes.of(hashes) if settings.hashed else None
-    if hashed is not None and settings.max_hashes is not None and len(hashed.distinct) > settings.max_hashes:
-        refused, hashed = f"more than {settings.max_hashes:,} keyed rows in one task (their key hashes would come to the driver)", None
+    hashed = TaskHashes.of(hashes) if settings.hashed and refused is None else None
     return SqlReport(path, rows, deletes, messages, keyless, keyless_deletes, oversized, refused, hashed)
 
 

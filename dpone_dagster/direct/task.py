@@ -163,6 +163,9 @@ def shape(
         raise Refused(str(exc)) from exc
     if deletes and settings.source_key_for_deletes and pc.any(pc.and_(is_delete, key.is_null())).as_py():
         raise Refused("a delete without any key")
+    if deletes and sent_key is not None and rule.deletes == "tombstone" and pc.any(pc.and_(is_delete, sent_key.is_null())).as_py():
+        # A source tombstone has no columns for the key record: the Spark SQL path refuses the batch.
+        raise Refused("a delete without the key columns of its registry-encoded key")
     keyless = pa.array([], pa.int64())
     if settings.key_columns is not None and key.null_count:  # upserts only: a delete has its key by now
         missing = key.is_null()

@@ -19,7 +19,7 @@ from pyspark.sql.types import StructType
 
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.formats import registry_values
-from dpone_dagster.manifest.models import Manifest, SqlSource
+from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.schema.wire_format import frame
 from dpone_dagster.sinks.registry import (
     PreparedSchema,
@@ -68,9 +68,6 @@ def prepare_key(manifest: Manifest, prepared: PreparedSchema | None) -> tuple[Ke
     key = planned_key(manifest, prepared) if prepared is not None else None
     if key is not None and not key.columns:
         return None, "registry-encoded keys without unique_key columns"
-    if key is not None and manifest.sink.options.deletes.enabled and not isinstance(manifest.source, SqlSource):
-        # A source tombstone has no columns: the Spark SQL path refuses it (a SQL delete has its row).
-        return None, "deletes with registry-encoded keys (a source tombstone has no key columns)"
     if key is not None and any(column in key.columns for column, _ in routes_of(prepared)):
         return None, "a type change of a registry-encoded key column routed to a new column (on_type_change: new_column)"
     return key, None

@@ -247,7 +247,8 @@ def _settings(
 def _scan(jobs: BoundedJobs, settings: sql_task.SqlSettings, frame: DataFrame, planned_rows: int | None) -> list[sql_task.SqlReport]:
     """Every partition of the read scanned by its task; their reports. The bound lets any one task
     read twice the rows counted when planning (partitions can be skewed; a full read has no upper
-    bound), at the floor rate of spark/jobs.py."""
+    bound), or, where nothing was counted, the rows it may scan before it refuses the batch, at
+    the floor rate of spark/jobs.py."""
 
     def scanned(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         context = TaskContext.get()
@@ -257,10 +258,11 @@ def _scan(jobs: BoundedJobs, settings: sql_task.SqlSettings, frame: DataFrame, p
         yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(report)], pa.binary())], names=["report"])
 
     frame = frame.select(*settings.names, C.OP, *([C.ORDER] if settings.keeps_order else []))  # what the rule reads
-    tasks = frame.rdd.getNumPartitions()
-    if planned_rows is None and settings.hashed:  # refusal() could not bound the hashes: each task does
-        settings = replace(settings, max_hashes=MAX_HASHED_ROWS // tasks)
-    seconds = deadline_s(2 * (planned_rows or 0), READ_WAIT_S, waves(tasks, local_task_slots(jobs.spark) or 1))
+    tasks = max(1, frame.rdd.getNumPartitions())
+    if planned_rows is None:  # refusal() could not bound the batch: each task bounds its share
+        settings = replace(settings, max_rows=MAX_HASHED_ROWS // tasks)
+    per_task = 2 * planned_rows if planned_rows is not None else MAX_HASHED_ROWS // tasks
+    seconds = deadline_s(per_task, READ_WAIT_S, waves(tasks, local_task_slots(jobs.spark) or 1))
     rows = jobs.run(lambda: frame.mapInArrow(scanned, "report binary").collect(), seconds, "the scan of the batch")
     return [pickle.loads(row["report"]) for row in rows]
 

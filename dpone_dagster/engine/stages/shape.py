@@ -63,7 +63,8 @@ def shape_messages(
         result.deletes_skipped = deletes
     keyed = kafka_messages.sink_key(batch, sink)
     if counts["keyless_deletes"]:
-        raise bad_records.keyless_deletes(counts["keyless_deletes"], encodes_keys(sink))
+        # A SQL delete has no source key: its fix is its key columns, whatever the key format.
+        raise bad_records.keyless_deletes(counts["keyless_deletes"], encodes_keys(sink) and isinstance(manifest.source, KafkaSource))
     keyless = counts["keyless_upserts"]
     if keyless:
         lineage = kafka_messages.lineage(keyed)  # null for a SQL source

@@ -90,7 +90,7 @@ def plan_cdc(
         notes=(
             f"cdc from {from_lsn} to {to_lsn} (max LSN at plan time) of capture instance '{capture}'"
             + (" (the LSN after the stored one)" if stored_lsn else " (the oldest available LSN)"),
-            "operation 1 -> delete, 2 insert and 4 update (after image) -> upsert; ordered by (start_lsn, seqval)",
+            "operation 1 -> delete, 2 insert and 4 update (after image) -> upsert; ordered by (start_lsn, seqval, operation)",
         ),
     )
 
@@ -103,5 +103,7 @@ def change_columns(raw: DataFrame) -> tuple[DataFrame, Column, Column]:
         if name not in names:
             df = df.withColumn(name, F.lit(None).cast("string" if name != T.CDC_OPERATION else "int"))
     op = F.when(F.col(T.CDC_OPERATION) == T.CDC_DELETE, F.lit(C.DELETE)).otherwise(F.lit(C.UPSERT))
-    order = F.struct(F.col(T.CDC_START_LSN).alias("lsn"), F.col(T.CDC_SEQVAL).alias("seq"))
+    # Two changes of one statement may share (lsn, seqval): a delete then an insert (an update of
+    # a unique key), so the operation breaks the tie, the same on every path.
+    order = F.struct(F.col(T.CDC_START_LSN).alias("lsn"), F.col(T.CDC_SEQVAL).alias("seq"), F.col(T.CDC_OPERATION).alias("op"))
     return df, op, order
