@@ -774,7 +774,7 @@ def test_a_cdc_batch_too_large_for_the_drivers_key_hashes_goes_to_the_spark_sql_
     )
     result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id="sqld-cdc-bound"))
     assert result.execution_path == "spark_sql"
-    assert any("rows in one task of a read not counted when planning" in n for n in result.notes), result.notes
+    assert any("rows in one scan task" in n for n in result.notes), result.notes
     assert not kept_directory_exists(spark, result.run_id)
     assert len(consume_raw(broker.bootstrap_servers, dst)) == 66
 
@@ -818,3 +818,32 @@ def test_deletes_with_avro_keys_take_the_direct_path_with_the_spark_sql_paths_to
     tombstones = [r for r in direct_records if r["value"] is None]
     assert len(tombstones) == 42 and all(r["key"][:1] == b"\x00" and len(r["key"]) > 5 for r in tombstones)
     assert len(direct_records) == 300 and unframed(direct_records) == unframed(sql_records)
+
+
+def test_a_table_that_doubled_since_it_was_counted_goes_to_the_spark_sql_path(broker, spark, kafka_env, db, tmp_path, monkeypatch):
+    """Each scan task reads at most twice the rows counted when planning: a read that finds more
+    (here the count is made to say 100 of 300 rows) stops, and the batch goes to the Spark SQL
+    path, which delivers every row; nothing was produced first."""
+    from dataclasses import replace as replaced
+
+    from dpone_dagster.sources.sql.extract import SqlBatchSource
+
+    create_orders(db)
+    plan = SqlBatchSource.plan
+    monkeypatch.setattr(SqlBatchSource, "plan", lambda self, spark, stored: replaced(plan(self, spark, stored), total=100))
+    dst = unique_topic("sqld_grown")
+    create_topic(broker.bootstrap_servers, dst, 2)
+    result = run_pipeline(parse_manifest(manifest_text(dst, tmp_path, "{mode: full_refresh, unique_key: order_id}")), spark, RunRequest(run_id="sqld-grown"))
+    assert result.execution_path == "spark_sql"
+    assert any("more than 200 rows in one scan task" in n for n in result.notes), result.notes
+    assert not kept_directory_exists(spark, result.run_id)
+    assert len(consume_raw(broker.bootstrap_servers, dst)) == 300
+
+
+def test_the_scan_bound_is_twice_the_count_or_a_share_of_the_driver_bound():
+    from dpone_dagster.engine.direct_sql import MAX_HASHED_ROWS, scan_bound
+
+    assert scan_bound(1_000, 4) == 2_000
+    assert scan_bound(0, 1) == 0
+    assert scan_bound(None, 4) == MAX_HASHED_ROWS // 4
+    assert scan_bound(None, 0) == MAX_HASHED_ROWS

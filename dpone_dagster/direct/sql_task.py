@@ -55,9 +55,9 @@ class SqlSettings:
     # Keys that repeat are all published (an append, duplicate_policy: allow): each kept message
     # keeps its row's source order too, so that the driver orders their messages (produce_listed).
     ordered: bool = False
-    # Rows one task may scan where the batch was not counted when planning (a CDC read): past
-    # them it stops and refuses the batch (the driver sends it to the Spark SQL path), so the key
-    # hashes and candidate rows the driver gathers, and the scan's time bound, stay bounded.
+    # Rows one task may scan (engine/direct_sql.scan_bound): past them it stops and refuses the
+    # batch (the driver sends it to the Spark SQL path), so the key hashes and candidate rows the
+    # driver gathers, and the scan's time bound, stay bounded.
     max_rows: int | None = None
 
     @property
@@ -93,7 +93,7 @@ def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch
         for batch in batches:
             rows += batch.num_rows
             if settings.max_rows is not None and rows > settings.max_rows:
-                refused = f"more than {settings.max_rows:,} rows in one task of a read not counted when planning"
+                refused = f"more than {settings.max_rows:,} rows in one scan task (twice the rows counted when planning, or a share of the bound where none were)"
                 break  # Spark ends the read with the task
             is_delete = pc.fill_null(pc.equal(batch.column(C.OP), C.DELETE), False)
             found = int(pc.sum(is_delete).as_py() or 0)

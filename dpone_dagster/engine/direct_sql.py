@@ -244,11 +244,18 @@ def _settings(
     )
 
 
+def scan_bound(planned_rows: int | None, tasks: int) -> int:
+    """Rows one scan task may read before it refuses the batch (pure): twice the rows counted
+    when planning (partitions can be skewed; a full read has no upper bound, and a table that
+    doubled since is read by the Spark SQL path), or, where nothing was counted (a CDC read), its
+    share of MAX_HASHED_ROWS, so that the key hashes the driver gathers stay bounded."""
+    return 2 * planned_rows if planned_rows is not None else MAX_HASHED_ROWS // max(1, tasks)
+
+
 def _scan(jobs: BoundedJobs, settings: sql_task.SqlSettings, frame: DataFrame, planned_rows: int | None) -> list[sql_task.SqlReport]:
-    """Every partition of the read scanned by its task; their reports. The bound lets any one task
-    read twice the rows counted when planning (partitions can be skewed; a full read has no upper
-    bound), or, where nothing was counted, the rows it may scan before it refuses the batch, at
-    the floor rate of spark/jobs.py."""
+    """Every partition of the read scanned by its task; their reports. The time bound lets each
+    task scan the rows `scan_bound` allows it, at the floor rate of spark/jobs.py; a task that
+    reads more stops and refuses the batch."""
 
     def scanned(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         context = TaskContext.get()
@@ -259,10 +266,8 @@ def _scan(jobs: BoundedJobs, settings: sql_task.SqlSettings, frame: DataFrame, p
 
     frame = frame.select(*settings.names, C.OP, *([C.ORDER] if settings.keeps_order else []))  # what the rule reads
     tasks = max(1, frame.rdd.getNumPartitions())
-    if planned_rows is None:  # refusal() could not bound the batch: each task bounds its share
-        settings = replace(settings, max_rows=MAX_HASHED_ROWS // tasks)
-    per_task = 2 * planned_rows if planned_rows is not None else MAX_HASHED_ROWS // tasks
-    seconds = deadline_s(per_task, READ_WAIT_S, waves(tasks, local_task_slots(jobs.spark) or 1))
+    settings = replace(settings, max_rows=scan_bound(planned_rows, tasks))
+    seconds = deadline_s(settings.max_rows, READ_WAIT_S, waves(tasks, local_task_slots(jobs.spark) or 1))
     rows = jobs.run(lambda: frame.mapInArrow(scanned, "report binary").collect(), seconds, "the scan of the batch")
     return [pickle.loads(row["report"]) for row in rows]
 
