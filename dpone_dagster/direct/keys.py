@@ -139,7 +139,7 @@ def is_candidate(keys: pa.Array, candidates: np.ndarray) -> np.ndarray:
         return in_sorted(key_hashes(keys), candidates)
     valid = keys.is_valid().to_numpy(zero_copy_only=False)
     chosen = np.zeros(len(keys), bool)
-    chosen[valid] = in_sorted(key_hashes(keys.filter(keys.is_valid())), candidates)
+    chosen[valid] = in_sorted(keyed_hashes(keys), candidates)
     return chosen
 
 
