@@ -446,6 +446,146 @@ def test_lost_executor_mid_run_never_advances_offsets_past_delivery(cluster, bro
     print(f"  task attempts > 0 on the surviving worker: {retried or 'none'}")
 
 
+def sql_manifest(name: str, dst: str, state: Path, strategy: str) -> str:
+    """PostgreSQL → Kafka, the read in two partitions by order_id (one task per worker)."""
+    return f"""
+name: {name}
+source:
+  type: postgres
+  connection_id: sql_db
+  table: {{schema: public, name: orders}}
+  options: {{incremental_column: updated_at, partition_column: order_id, num_partitions: 2, lower_bound: 1, upper_bound: 40000}}
+sink:
+  type: kafka
+  connection_id: kafka_cluster
+  topic: {dst}
+  strategy: {strategy}
+  options: {{create_topic: {{enabled: true, partitions: 2}}}}
+state: {{type: local, path: {state}}}
+"""
+
+
+def stored_watermark(state: Path, pipeline: str) -> str | None:
+    from dpone_dagster.state.local import LocalStateStore
+
+    stored = LocalStateStore(str(state)).load_watermark(pipeline)
+    return None if stored is None else str(stored["value"]).replace("T", " ")
+
+
+@contextlib.contextmanager
+def orders_table(rows: int) -> Iterator[dict[str, str]]:
+    """A fresh PostgreSQL database with `rows` orders (customer c<id % 1000>, updated_at rising
+    with the id); yields the SQL_DB_* variables of the manifests' connection."""
+    import psycopg2
+    from conftest import fresh_pg_database
+
+    with fresh_pg_database("dpone_cluster") as db:
+        with psycopg2.connect(**db) as conn, conn.cursor() as cur:
+            cur.execute("CREATE TABLE orders (order_id integer primary key, customer text, amount numeric(12,2), updated_at timestamp not null)")
+            cur.execute(
+                "INSERT INTO orders SELECT i, 'c' || (i % 1000), i / 4.0, '2026-01-01'::timestamp + i * interval '1 second' "
+                f"FROM generate_series(1, {rows}) i"
+            )
+        yield {"SQL_DB_HOST": db["host"], "SQL_DB_PORT": str(db["port"]), "SQL_DB_USER": db["user"], "SQL_DB_DATABASE": db["dbname"]}
+
+
+@pytest.mark.parametrize("strategy", ["keep_last", "append"])
+def test_a_sql_source_takes_the_direct_path_on_two_standalone_workers(cluster, broker, tmp_path, strategy):
+    """PostgreSQL → Kafka on the cluster: each worker scans one partition of the read, the
+    messages are kept in Spark's storage (a local checkpoint: a produce task may run on the other
+    worker), the driver judges them, then the tasks produce. Every customer orders in both
+    partitions: keep_last publishes each one's last order by updated_at; an append with the
+    customer as its key publishes every order, each customer's in source order."""
+    bs = broker.bootstrap_servers
+    dst = unique_topic(f"csql_{strategy}")
+    rows = 4_000
+    declared = "{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_last}" if strategy == "keep_last" else "{mode: incremental_append, unique_key: customer}"
+    with orders_table(rows) as sql_env:
+        manifest = write_manifest(tmp_path / "m.yaml", sql_manifest(f"cluster_sql_{strategy}", dst, tmp_path / "state", declared))
+        before = {a["id"] for a in cluster.apps()}
+        code, result, err = finish_run(start_run(manifest, driver_env(cluster, bs, **sql_env)), tmp_path)
+    assert code == 0, (result, err[-3000:])
+    assert result["execution_path"] == "direct" and result["rows_extracted"] == rows, result
+    out = consume_all(bs, dst, timeout_s=60)
+    orders_of: dict[str, list[int]] = {}
+    for record in sorted(out, key=lambda r: (r["partition"], r["offset"])):
+        assert record["value"]["customer"] == record["key"]
+        orders_of.setdefault(record["key"], []).append(record["value"]["order_id"])
+    assert sorted(orders_of) == sorted(f"c{i}" for i in range(1000))
+    if strategy == "keep_last":
+        assert result["duplicates_removed"] == 3_000 and len(out) == 1_000
+        assert all(ids == [max(i for i in range(1, rows + 1) if i % 1000 == int(c[1:]))] for c, ids in orders_of.items())
+    else:
+        assert len(out) == rows
+        assert all(ids == sorted(ids) and len(ids) == 4 for ids in orders_of.values())
+    assert stored_watermark(tmp_path / "state", f"cluster_sql_{strategy}").startswith("2026-01-01 01:06:40")
+    logs = cluster.executor_logs(new_app(cluster, before)["id"])
+    assert sorted(logs) == [0, 1] and all(finished_tasks(executors) > 0 for executors in logs.values()), logs.keys()
+
+
+def test_a_sql_source_takes_the_direct_path_on_a_connect_server_of_the_cluster(cluster, broker, tmp_path):
+    """A Spark Connect server (`dpone spark-server start --master spark://...`) whose executors are
+    the two workers: the client cannot see the read's tasks, the messages are kept in Spark's
+    storage through the server, keep_last settles the customers that repeat."""
+    bs = broker.bootstrap_servers
+    dst = unique_topic("csql_connect")
+    server_env = {**driver_env(cluster, bs), "DPONE_SPARK_MASTER": cluster.url}
+    home = tmp_path / "server"
+    home.mkdir()
+
+    def spark_server(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "dpone_dagster.cli", "spark-server", *args], env=server_env, cwd=home, capture_output=True, text=True, timeout=300)
+
+    before = {a["id"] for a in cluster.apps()}
+    started = spark_server("start", "--port", str(free_port()), "--master", cluster.url)
+    assert started.returncode == 0, started.stdout + started.stderr
+    url = next(line.split("=", 1)[1] for line in started.stdout.splitlines() if line.startswith("export DPONE_SPARK_REMOTE="))
+    try:
+        with orders_table(4_000) as sql_env:
+            manifest = write_manifest(tmp_path / "m.yaml", sql_manifest("cluster_sql_connect", dst, tmp_path / "state", "{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_last}"))
+            env = {k: v for k, v in driver_env(cluster, bs, DPONE_SPARK_REMOTE=url, **sql_env).items() if k != "DPONE_SPARK_MASTER"}
+            code, result, err = finish_run(start_run(manifest, env), tmp_path)
+    finally:
+        assert "stopped" in spark_server("stop").stdout
+    assert code == 0, (result, err[-3000:])
+    assert result["execution_path"] == "direct" and result["duplicates_removed"] == 3_000, result
+    out = consume_all(bs, dst, timeout_s=60)
+    assert sorted(r["value"]["order_id"] for r in out) == list(range(3_001, 4_001))
+    assert stored_watermark(tmp_path / "state", "cluster_sql_connect").startswith("2026-01-01 01:06:40")
+    logs = cluster.executor_logs(new_app(cluster, before)["id"])  # the server's application ran the tasks
+    assert sorted(logs) == [0, 1] and all(finished_tasks(executors) > 0 for executors in logs.values()), logs.keys()
+
+
+def test_a_lost_executor_while_a_sql_batch_is_produced_moves_no_watermark(cluster, broker, tmp_path):
+    """SIGKILL one worker's executor while the direct path produces a SQL batch: the messages it
+    kept are gone with it, and nothing reads the table again for them, so the run fails, the
+    watermark stays, and the next run delivers every row (at least once)."""
+    bs = broker.bootstrap_servers
+    dst = unique_topic("csql_kill")
+    rows = 40_000
+    with orders_table(rows) as sql_env:
+        manifest = write_manifest(tmp_path / "m.yaml", sql_manifest("cluster_sql_kill", dst, tmp_path / "state", "{mode: incremental_append}"))
+        # Tasks are retried: a retry finds the kept messages gone and must not read the table again.
+        retried = driver_env(cluster, bs, DPONE_SPARK_CONF=json.dumps({**CLUSTER_CONF, "spark.task.maxFailures": "4"}), **sql_env)
+        process = start_run(manifest, retried)
+        deadline = time.monotonic() + 500
+        while process.poll() is None and time.monotonic() < deadline and sink_watermark(bs, dst) == 0:
+            time.sleep(0.05)
+        delivered_at_kill = sink_watermark(bs, dst)
+        killed = cluster.kill_executors(1)
+        code, result, err = finish_run(process, tmp_path)
+        print(f"executor killed with {delivered_at_kill} message(s) in the sink: exit {code}, status {result['status']}, error {str(result.get('error'))[:400]}")
+        assert killed == 1 and 0 < delivered_at_kill < rows, (killed, delivered_at_kill, result)
+        if code != 0:
+            assert result["status"] == "failed" and stored_watermark(tmp_path / "state", "cluster_sql_kill") is None, result
+            cluster.ensure_workers()
+            code, result, err = finish_run(start_run(manifest, driver_env(cluster, bs, **sql_env)), tmp_path)
+    assert code == 0, (result, err[-3000:])
+    ids = [r["value"]["order_id"] for r in consume_all(bs, dst, timeout_s=60)]
+    assert set(ids) == set(range(1, rows + 1)), f"{rows - len(set(ids))} row(s) missing"
+    assert stored_watermark(tmp_path / "state", "cluster_sql_kill").startswith("2026-01-01 11:06:40")
+
+
 def test_executors_take_python_from_a_packed_venv(cluster, broker, tmp_path):
     """spark.archives + PYSPARK_PYTHON=./environment/bin/python: the executors' Python and this
     package come from the archive, not from the driver's venv or source folder.

@@ -164,7 +164,8 @@ def test_spark_sql_path_on_a_connect_server(broker, connect_server, tmp_path):
 
 
 def test_sql_source_on_a_connect_server(broker, connect_server, tmp_path):
-    """PostgreSQL → Kafka through the server's JDBC driver, incremental by a watermark column."""
+    """PostgreSQL → Kafka through the server's JDBC driver, incremental by a watermark column, on
+    the direct path."""
     import psycopg2
     from conftest import PG_HOST, PG_PORT, PG_USER, fresh_pg_database
 
@@ -203,8 +204,10 @@ state: {{type: local, path: {state}}}
             "SQL_DB_USER": PG_USER,
             "SQL_DB_DATABASE": db["dbname"],
         }
-        first = dpone("run", str(path), env=env, cwd=tmp_path)
+        first = dpone("run", str(path), "--format", "json", env=env, cwd=tmp_path)
         assert first.returncode == 0, first.stdout + first.stderr
+        # The server's master is local: the kept messages' files are on the host of every task.
+        assert json.loads(first.stdout)["execution_path"] == "direct", first.stdout
         assert sorted(int(r["key"]) for r in consume_all(bs, dst)) == list(range(1, 51))
         with conn.cursor() as cur:
             cur.execute("UPDATE orders SET note = 'changed', updated_at = '2024-02-01' WHERE order_id = 7")

@@ -11,6 +11,7 @@ import os
 import re
 import signal
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +32,28 @@ from conftest import (
 
 from dpone_dagster.direct import sql_task
 from dpone_dagster.embedded_broker import EmbeddedBroker
+from dpone_dagster.engine import sql_kept
 from dpone_dagster.engine.run import RunRequest, run_pipeline
 from dpone_dagster.errors import DataRefused, DponeError, RunFailed
 from dpone_dagster.manifest import parse_manifest
 from dpone_dagster.state.open import open_manifest_state_store
+
+
+@pytest.fixture(params=["on_host", "in_spark"])
+def kept_in(request: Any, monkeypatch: Any) -> Iterator[str]:
+    """Where the direct path keeps a batch's messages: files on this host (a local session's way),
+    or a local checkpoint in Spark's storage (a cluster's way, chosen here in the local session:
+    the same Spark code runs; tests/test_cluster.py runs it on a standalone cluster). The test
+    fails if the store asked for was not the one that scanned."""
+    scans: list[str] = []
+    if request.param == "in_spark":
+        monkeypatch.setattr(sql_kept, "one_host", lambda spark: False)
+    for store in (sql_kept.KeptOnHost, sql_kept.KeptInSpark):
+        scan = store.scan
+        monkeypatch.setattr(store, "scan", lambda self, *args, _scan=scan, **kwargs: scans.append(type(self).__name__) or _scan(self, *args, **kwargs))
+    yield request.param
+    assert scans, "the direct path scanned nothing"
+    assert set(scans) == {"KeptInSpark" if request.param == "in_spark" else "KeptOnHost"}, scans
 
 
 @pytest.fixture
@@ -120,7 +139,7 @@ SINKS = {
 
 
 @pytest.mark.parametrize("sink", list(SINKS))
-def test_the_direct_path_writes_what_the_spark_sql_path_writes(broker, spark, kafka_env, db, tmp_path, monkeypatch, sink):
+def test_the_direct_path_writes_what_the_spark_sql_path_writes(broker, spark, kafka_env, db, tmp_path, monkeypatch, sink, kept_in):
     """Keys of every mode, the dpone envelope, static headers, decimals of both notations,
     timestamps, dates, binary and doubles: byte for byte the Spark SQL path's messages."""
     create_orders(db)
@@ -184,7 +203,7 @@ def test_what_only_the_spark_sql_path_decides_goes_there(broker, spark, kafka_en
     "strategy",
     ["{mode: incremental_append, unique_key: flag}", "{mode: incremental_merge, unique_key: [flag, placed_on], duplicate_policy: allow}"],
 )
-def test_keys_that_repeat_where_every_row_is_published_keep_their_source_order(broker, spark, kafka_env, db, tmp_path, monkeypatch, strategy):
+def test_keys_that_repeat_where_every_row_is_published_keep_their_source_order(broker, spark, kafka_env, db, tmp_path, monkeypatch, strategy, kept_in):
     """An append, or a merge under duplicate_policy: allow, whose keys repeat across the three
     partitions of the read (flag: two keys of 150 rows each; with placed_on, ten rows share a day):
     on the direct path every row is published and each key's messages reach the topic in source
@@ -284,7 +303,7 @@ def test_rows_the_sink_cannot_take_refuse_the_batch_as_on_the_spark_sql_path(bro
 
 
 @pytest.mark.parametrize(("mode", "policy"), [("incremental_merge", "keep_last"), ("incremental_merge", "keep_first"), ("full_refresh", "keep_last")])
-def test_repeated_keys_are_settled_on_the_direct_path(broker, spark, kafka_env, db, tmp_path, monkeypatch, mode, policy):
+def test_repeated_keys_are_settled_on_the_direct_path(broker, spark, kafka_env, db, tmp_path, monkeypatch, mode, policy, kept_in):
     """Customer c<i/2> orders twice: keep_last keeps the later row of each customer by the
     watermark (updated_at), keep_first the earlier, the Spark SQL path's messages exactly; the
     rows left out are never produced. A full refresh reads no watermark: rows of one key tie, and
@@ -709,7 +728,7 @@ def fake_mssql_cdc(spark: Any, monkeypatch: Any, changes: list[tuple]) -> None:
 
 
 @pytest.mark.parametrize("policy", ["keep_last", "allow"])
-def test_an_mssql_cdc_batch_takes_the_direct_path_with_the_spark_sql_paths_messages(broker, spark, kafka_env, tmp_path, monkeypatch, policy):
+def test_an_mssql_cdc_batch_takes_the_direct_path_with_the_spark_sql_paths_messages(broker, spark, kafka_env, tmp_path, monkeypatch, policy, kept_in):
     """strategy: cdc over a change table read: keep_last publishes each key's last change in LSN
     (then seqval) order, a delete last as its tombstone; allow publishes every change, each key's
     in that order. The direct path writes what the Spark SQL path writes, in the same order per
@@ -797,7 +816,7 @@ def test_delete_events_without_a_key_among_keys_that_repeat_stay_on_the_direct_p
     assert not kept_directory_exists(spark, direct.run_id)
 
 
-def test_deletes_with_avro_keys_take_the_direct_path_with_the_spark_sql_paths_tombstones(broker, spark, kafka_env, db, tmp_path, monkeypatch):
+def test_deletes_with_avro_keys_take_the_direct_path_with_the_spark_sql_paths_tombstones(broker, spark, kafka_env, db, tmp_path, monkeypatch, kept_in):
     """A SQL delete carries its row, so its Avro key (the key columns' record) is made as an
     upsert's is: tombstones under the `-key` subject's schema, byte for byte past the frames the
     Spark SQL path's, on the direct path."""

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -69,7 +69,7 @@ class SqlSettings:
 class SqlReport:
     """What one scan task tells the driver."""
 
-    path: str  # the kept messages
+    path: str  # the kept messages' file ("" where Spark keeps them)
     rows: int = 0
     deletes: int = 0
     messages: int = 0
@@ -78,94 +78,121 @@ class SqlReport:
     oversized: int = 0  # messages over message.max.bytes
     refused: str | None = None  # a value the rule does not write
     hashes: TaskHashes | None = None
+    partition: int = 0  # the Spark partition scanned; kept messages are named by it
 
 
 def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch]) -> SqlReport:
-    """Write the messages of one Spark partition's rows into its file; never raises for a row
-    (the report says what the driver must judge)."""
+    """Write the messages of one Spark partition's rows into its file on this host; never raises
+    for a row (the report says what the driver must judge)."""
     path = spill_path(settings, partition)
+    sweep_stale_spills(settings.run_id)  # what killed runs of any pipeline left on this host
+    written = messages_of(settings, batches)
+    with SpillWriter(path, MESSAGES) as spill:
+        while True:
+            try:
+                spill.write(next(written))
+            except StopIteration as done:
+                return replace(done.value, path=path, partition=partition)
+
+
+def messages_of(settings: SqlSettings, batches: Iterator[pa.RecordBatch]) -> Generator[pa.RecordBatch, None, SqlReport]:
+    """Each row's message by the one rule, batch by batch as kept (key, value, and the source
+    order and sent key where kept); returns the report of the rows (without path or partition).
+    Where the messages are kept is the caller's: a file of this host, or Spark's storage."""
     rows = deletes = messages = keyless = keyless_deletes = oversized = 0
     hashes: list[np.ndarray] = []
     refused = None
     rule, names = settings.rule, list(settings.names)
-    sweep_stale_spills(settings.run_id)  # what killed runs of any pipeline left on this host
-    with SpillWriter(path, MESSAGES) as spill:
-        for batch in batches:
-            rows += batch.num_rows
-            if settings.max_rows is not None and rows > settings.max_rows:
-                refused = f"more than {settings.max_rows:,} rows in one scan task (twice the rows counted when planning, or a share of the bound where none were)"
-                break  # Spark ends the read with the task
-            is_delete = pc.fill_null(pc.equal(batch.column(C.OP), C.DELETE), False)
-            found = int(pc.sum(is_delete).as_py() or 0)
-            deletes += found
-            if found and rule.deletes in ("skip", "fail"):  # left out (fail: the driver fails the run)
-                batch, is_delete = batch.filter(pc.invert(is_delete)), is_delete.filter(pc.invert(is_delete))
-            if refused is not None or not batch.num_rows:
-                continue
-            columns = [batch.column(n) for n in names]
-            try:
-                key, value = message.key_and_value(rule, columns, names, is_delete, None)
-                sent_key = message.registry_key(rule, columns, names)
-            except message.Unwritable as exc:
-                refused = str(exc)
-                continue
-            missing = key.null_count
-            if missing:  # judged by the driver as the Spark SQL path judges them (engine/stages/shape.py)
-                upserts = int(pc.sum(pc.and_(pc.is_null(key), pc.invert(is_delete))).as_py() or 0)
-                tombstones = missing - upserts if rule.deletes == "tombstone" else 0
-                keyless += upserts if rule.key_columns is not None else 0
-                keyless_deletes += tombstones  # the rest are delete events, published unsettled
-            sizes = pc.add(sent_size(key if sent_key is None else sent_key, settings.key_frame_bytes), sent_size(value, settings.value_frame_bytes))
-            oversized += int(pc.sum(pc.greater(sizes, settings.max_message_bytes - settings.header_bytes)).as_py() or 0)
-            if settings.hashed:
-                hashes.append(keyed_hashes(key))  # keys are told apart by their text, as on the Spark SQL path
-            kept, kept_names = [key, value], list(MESSAGES.names)
-            if settings.keeps_order:
-                kept, kept_names = [*kept, batch.column(C.ORDER)], [*kept_names, ORDER]
-            if sent_key is not None:
-                kept, kept_names = [*kept, sent_key], [*kept_names, SENT_KEY]
-            spill.write(pa.RecordBatch.from_arrays(kept, names=kept_names))
-            messages += batch.num_rows
+    for batch in batches:
+        rows += batch.num_rows
+        if settings.max_rows is not None and rows > settings.max_rows:
+            refused = f"more than {settings.max_rows:,} rows in one scan task (twice the rows counted when planning, or a share of the bound where none were)"
+            break  # Spark ends the read with the task
+        is_delete = pc.fill_null(pc.equal(batch.column(C.OP), C.DELETE), False)
+        found = int(pc.sum(is_delete).as_py() or 0)
+        deletes += found
+        if found and rule.deletes in ("skip", "fail"):  # left out (fail: the driver fails the run)
+            batch, is_delete = batch.filter(pc.invert(is_delete)), is_delete.filter(pc.invert(is_delete))
+        if refused is not None or not batch.num_rows:
+            continue
+        columns = [batch.column(n) for n in names]
+        try:
+            key, value = message.key_and_value(rule, columns, names, is_delete, None)
+            sent_key = message.registry_key(rule, columns, names)
+        except message.Unwritable as exc:
+            refused = str(exc)
+            continue
+        missing = key.null_count
+        if missing:  # judged by the driver as the Spark SQL path judges them (engine/stages/shape.py)
+            upserts = int(pc.sum(pc.and_(pc.is_null(key), pc.invert(is_delete))).as_py() or 0)
+            tombstones = missing - upserts if rule.deletes == "tombstone" else 0
+            keyless += upserts if rule.key_columns is not None else 0
+            keyless_deletes += tombstones  # the rest are delete events, published unsettled
+        sizes = pc.add(sent_size(key if sent_key is None else sent_key, settings.key_frame_bytes), sent_size(value, settings.value_frame_bytes))
+        oversized += int(pc.sum(pc.greater(sizes, settings.max_message_bytes - settings.header_bytes)).as_py() or 0)
+        if settings.hashed:
+            hashes.append(keyed_hashes(key))  # keys are told apart by their text, as on the Spark SQL path
+        kept, kept_names = [key, value], list(MESSAGES.names)
+        if settings.keeps_order:
+            kept, kept_names = [*kept, batch.column(C.ORDER)], [*kept_names, ORDER]
+        if sent_key is not None:
+            kept, kept_names = [*kept, sent_key], [*kept_names, SENT_KEY]
+        yield pa.RecordBatch.from_arrays(kept, names=kept_names)
+        messages += batch.num_rows
     hashed = TaskHashes.of(hashes) if settings.hashed and refused is None else None
-    return SqlReport(path, rows, deletes, messages, keyless, keyless_deletes, oversized, refused, hashed)
+    return SqlReport("", rows, deletes, messages, keyless, keyless_deletes, oversized, refused, hashed)
 
 
 def candidate_records(files: list[tuple[int, str]], candidates: np.ndarray) -> pa.Table | None:
-    """The kept messages of `files` (index, path) whose key hash is a candidate (direct/keys.py,
-    sorted): their key, file index, row number in it and source order (where kept); what the
-    driver settles repeated keys on."""
-    found = []
-    for index, path in files:
-        for row, batch in _kept(path):
-            chosen = np.flatnonzero(is_candidate(batch.column("key"), candidates))
-            if len(chosen):
-                picked = batch.take(pa.array(chosen))
-                n = len(chosen)
-                columns = {"key": picked.column("key"), "file": pa.array(np.full(n, index, np.int32)), "row": pa.array(chosen + row, pa.int64())}
-                if ORDER in picked.schema.names:
-                    columns[ORDER] = picked.column(ORDER)
-                found.append(pa.table(columns))
+    """The kept messages of `files` (partition, path) whose key hash is a candidate (direct/keys.py,
+    sorted): their key, file (partition), row number in it and source order (where kept); what
+    the driver settles repeated keys on."""
+    found = [
+        picked
+        for partition, path in files
+        for row, batch in _kept(path)
+        if (picked := candidates_in(batch, partition, np.arange(row, row + batch.num_rows), candidates)) is not None
+    ]
     return pa.concat_tables(found) if found else None
 
 
-def produce(settings: SqlSettings, producer: ProducerSettings, paths: list[str], left_out: dict[str, np.ndarray] | None = None) -> Iterator[pa.RecordBatch]:
-    """Produce the kept messages of `paths` but the rows `left_out` (per file: row numbers, sorted);
-    yields the delivery statistics (sinks/kafka.py). A file that is gone fails the task: its rows
-    cannot be read again as they were judged."""
+def candidates_in(batch: pa.RecordBatch, partition: int, rows: np.ndarray, candidates: np.ndarray) -> pa.Table | None:
+    """The messages of one kept batch (`rows`: their row numbers) whose key hash is a candidate,
+    as `candidate_records` gives them (pure)."""
+    chosen = np.flatnonzero(is_candidate(batch.column("key"), candidates))
+    if not len(chosen):
+        return None
+    picked = batch.take(pa.array(chosen))
+    columns = {"key": picked.column("key"), "file": pa.array(np.full(len(chosen), partition, np.int32)), "row": pa.array(rows[chosen], pa.int64())}
+    if ORDER in picked.schema.names:
+        columns[ORDER] = picked.column(ORDER)
+    return pa.table(columns)
+
+
+def without(batch: pa.RecordBatch, rows: np.ndarray, dropped: np.ndarray | None) -> pa.RecordBatch:
+    """The kept batch whose row numbers are `rows`, but those `dropped` (sorted) (pure)."""
+    if dropped is None or not len(dropped):
+        return batch
+    return batch.filter(pa.array(~in_sorted(rows, dropped)))
+
+
+def produce(settings: SqlSettings, producer: ProducerSettings, files: list[tuple[int, str]], left_out: dict[int, np.ndarray] | None = None) -> Iterator[pa.RecordBatch]:
+    """Produce the kept messages of `files` (partition, path) but the rows `left_out` (per
+    partition: row numbers, sorted); yields the delivery statistics (sinks/kafka.py). A file that
+    is gone fails the task: its rows cannot be read again as they were judged."""
 
     def messages() -> Iterator[pa.RecordBatch]:
-        for path in paths:
-            dropped = (left_out or {}).get(path)
+        for partition, path in files:
+            dropped = (left_out or {}).get(partition)
             for row, batch in _kept(path):
-                if dropped is not None and len(dropped):
-                    batch = batch.filter(pa.array(~in_sorted(np.arange(row, row + batch.num_rows), dropped)))
+                batch = without(batch, np.arange(row, row + batch.num_rows), dropped)
                 if batch.num_rows:
-                    yield _sent(settings, batch)
+                    yield sent(settings, batch)
 
     try:
         yield from produce_batches(producer, messages())
     finally:
-        for path in paths:
+        for _, path in files:
             remove_file(path)
 
 
@@ -192,12 +219,12 @@ def produce_listed(settings: SqlSettings, producer: ProducerSettings, paths: lis
                 found = pa.Table.from_batches(taken)
                 in_order = found.take(pa.array(np.argsort(np.concatenate(positions), kind="stable")))
                 for batch in in_order.to_batches():
-                    yield _sent(settings, batch)
+                    yield sent(settings, batch)
 
         yield from produce_batches(producer, messages())
 
 
-def _sent(settings: SqlSettings, batch: pa.RecordBatch) -> pa.RecordBatch:
+def sent(settings: SqlSettings, batch: pa.RecordBatch) -> pa.RecordBatch:
     """Kept messages as the producer sends them."""
     listed = None
     if settings.headers is not None:  # static ones only: SQL rows have no lineage

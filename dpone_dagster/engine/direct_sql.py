@@ -6,7 +6,8 @@ hands the messages to Python producers.
 
 In the order of guarantees of every route (engine/run.py):
 1. scan: one task per partition of the read writes each row's message by the one rule
-   (shape/message.py), keeps it in a file of its host, and reports counts and key hashes.
+   (shape/message.py), keeps it (engine/sql_kept.py: in a file of its host, or in Spark's storage
+   on a cluster), and reports counts and key hashes.
 2. judge: deletes with deletes disabled fail the run, and so do rows without their unique key and
    deletes without a key for their tombstone (a SQL source has no bad-record policy); min_rows and
    source_target_count gate the counts, the row-level checks (Great Expectations included) the
@@ -18,26 +19,23 @@ In the order of guarantees of every route (engine/run.py):
    does not write — sends the batch there (read again; nothing was produced).
 3. produce: every gate passed, the registry schema (if any) is registered; one task produces the
    rows of repeated keys listed, in their order, then the tasks produce the rest of the kept
-   files; the delivery reports go to the commit, which moves the watermark.
+   messages; the delivery reports go to the commit, which moves the watermark.
 Every wait on the tasks is bounded (spark/jobs.py).
 
 The rows come from a JDBC read or from a bcp / pyodbc export, which the source takes once per run
 (a batch handed to the Spark SQL path is judged there from the same export).
-The kept files live on the host of the task that read the rows, and nothing can read them again
-as judged: the path is taken where every task runs in the driver's host (a local session).
+Nothing can read the rows again as judged, so the messages are produced from where they were kept,
+never from a second read.
 """
 
 from __future__ import annotations
 
-import pickle
 import re
-from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
@@ -50,6 +48,7 @@ from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_of
 from dpone_dagster.engine.direct_keys import refuse_repeats
 from dpone_dagster.engine.direct_load import check_ordered_delivery
 from dpone_dagster.engine.results import RunResult
+from dpone_dagster.engine.sql_kept import KEPT_CLEANUP_S, KeptMessages, KeptOnHost, Listed, kept_messages
 from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.stages.gates import pre_publish_gates
 from dpone_dagster.engine.stages.load import Delivered, check_delivery, producer_settings
@@ -68,8 +67,7 @@ from dpone_dagster.sinks.kafka_messages import refuses_duplicates, uses_dedupe
 from dpone_dagster.sinks.registry import PreparedSchema
 from dpone_dagster.spark.jobs import BoundedJobs, deadline_s, waves
 from dpone_dagster.spark.keep import keep_batch, release_batch
-from dpone_dagster.spark.session import is_connect
-from dpone_dagster.spark.slots import local_mode, local_task_slots, produce_slots
+from dpone_dagster.spark.slots import local_task_slots, partition_count, produce_slots
 
 STRATEGIES = ("incremental_append", "incremental_merge", "full_refresh", "replace", "cdc")
 # What a scan task may wait on the database beyond its rows (a connection, the query's start).
@@ -95,8 +93,6 @@ def refusal(manifest: Manifest, planned: PlannedRead, spark: SparkSession) -> st
         return "the source is not SQL"
     if not isinstance(sink, KafkaSink) or sink.type != "kafka":
         return "the sink is not Kafka"
-    if is_connect(spark) or not local_mode(spark):
-        return "a Spark cluster: the kept messages would live on hosts no produce task is sure to reach"
     if getattr(planned.boundary, "empty", False):
         return "nothing to read"
     format_reason = direct_registry.refusal(manifest)
@@ -133,14 +129,14 @@ def copy(
         return None
     assert settings is not None
     jobs = BoundedJobs(spark, result.run_id)
+    store = kept_messages(jobs, spark)
     attempt = Attempt.begin(result)
     # Row-level checks judge the rows the scan writes: the read is kept for both (engine/direct_checks.py).
     kept = keep_batch(frame) if direct_checks.row_level(manifest.quality.checks) else None
     frame = kept if kept is not None else frame
     try:
         with stage(result, "extract", log):
-            log(f"extract: {frame.rdd.getNumPartitions()} Spark task(s) write the rows' messages (direct path)")
-            reports = _scan(jobs, settings, frame, getattr(planned.boundary, "total", None))
+            reports = _scan(jobs, store, settings, frame, getattr(planned.boundary, "total", None), log)
             rows = result.rows_extracted = sum(r.rows for r in reports)
             _judge(reports)
             result.notes.extend(extracted.notes)
@@ -150,7 +146,7 @@ def copy(
             if deletes and settings.rule.deletes == "fail":
                 raise deletes_disabled(deletes)
             _refuse_keyless(reports)
-            left_out, removed, ordered = _settle_repeated_keys(jobs, settings, manifest, reports)
+            left_out, removed, ordered = _settle_repeated_keys(store, settings, manifest, reports)
             if settings.rule.deletes == "skip":
                 result.deletes_skipped = deletes
             expected = sum(r.messages for r in reports) - removed
@@ -160,11 +156,11 @@ def copy(
             _gates(manifest, planned, result, expected, "quality_published", "published", log, published)
             _refuse_oversized(reports, removed, settings.max_message_bytes)
     except ToSparkSql as exc:
-        _remove_kept(jobs, settings, log)
+        store.remove(settings, log)
         attempt.take_back(result, exc, log)
         return None
     except BaseException:
-        _remove_kept(jobs, settings, log)
+        store.remove(settings, log)
         raise
     finally:
         if kept is not None:
@@ -178,10 +174,10 @@ def copy(
             value_prefix, key_prefix = direct_registry.register(manifest, prepared, registry_config, result)
             settings = replace(settings, value_prefix=value_prefix, key_prefix=key_prefix)
         with stage(result, "load", log):
-            stats = aggregate(_produce(jobs, settings, manifest, sink_config, reports, left_out, ordered, result, log))
+            stats = aggregate(_produce(store, settings, manifest, sink_config, reports, left_out, ordered, result, log))
         check_delivery(manifest, stats, result)
     finally:
-        _remove_kept(jobs, settings, log)
+        store.remove(settings, log)
     return Delivered(stats, expected)
 
 
@@ -252,24 +248,21 @@ def scan_bound(planned_rows: int | None, tasks: int) -> int:
     return 2 * planned_rows if planned_rows is not None else MAX_HASHED_ROWS // max(1, tasks)
 
 
-def _scan(jobs: BoundedJobs, settings: sql_task.SqlSettings, frame: DataFrame, planned_rows: int | None) -> list[sql_task.SqlReport]:
+def _scan(
+    jobs: BoundedJobs, store: KeptMessages, settings: sql_task.SqlSettings, frame: DataFrame, planned_rows: int | None, log: Log
+) -> list[sql_task.SqlReport]:
     """Every partition of the read scanned by its task; their reports. The time bound lets each
     task scan the rows `scan_bound` allows it, at the floor rate of spark/jobs.py; a task that
     reads more stops and refuses the batch."""
-
-    def scanned(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        context = TaskContext.get()
-        if context is None:
-            raise RuntimeError("a scan outside a Spark task")
-        report = sql_task.scan(settings, context.partitionId(), batches)
-        yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(report)], pa.binary())], names=["report"])
-
     frame = frame.select(*settings.names, C.OP, *([C.ORDER] if settings.keeps_order else []))  # what the rule reads
-    tasks = max(1, frame.rdd.getNumPartitions())
-    settings = replace(settings, max_rows=scan_bound(planned_rows, tasks))
-    seconds = deadline_s(settings.max_rows, READ_WAIT_S, waves(tasks, local_task_slots(jobs.spark) or 1))
-    rows = jobs.run(lambda: frame.mapInArrow(scanned, "report binary").collect(), seconds, "the scan of the batch")
-    return [pickle.loads(row["report"]) for row in rows]
+    tasks = partition_count(frame)
+    if tasks is None and planned_rows is None:
+        raise ToSparkSql("a read not counted when planning (CDC), on Spark Connect, whose client cannot see its task count to bound each task's rows")
+    where = "on this host" if isinstance(store, KeptOnHost) else "in Spark's storage (a cluster)"
+    log(f"extract: {tasks if tasks is not None else 'the'} Spark task(s) write the rows' messages, kept {where} (direct path)")
+    settings = replace(settings, max_rows=scan_bound(planned_rows, tasks or 1))
+    seconds = deadline_s(settings.max_rows, READ_WAIT_S, waves(tasks or 1, local_task_slots(jobs.spark) or 1))
+    return store.scan(settings, frame, seconds)
 
 
 def _judge(reports: list[sql_task.SqlReport]) -> None:
@@ -308,15 +301,12 @@ def _keeps_one(manifest: Manifest) -> str | None:
     return manifest.sink.strategy.duplicate_policy if uses_dedupe(manifest.sink) else None
 
 
-# The rows of keys that repeat and are all published, in the order they are produced: (file
-# index, row number in the file), each key's rows in source order.
-Listed = tuple[np.ndarray, np.ndarray]
 NOTHING_LISTED: Listed = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
 def _settle_repeated_keys(
-    jobs: BoundedJobs, settings: sql_task.SqlSettings, manifest: Manifest, reports: list[sql_task.SqlReport]
-) -> tuple[dict[str, np.ndarray], int, Listed]:
+    store: KeptMessages, settings: sql_task.SqlSettings, manifest: Manifest, reports: list[sql_task.SqlReport]
+) -> tuple[dict[int, np.ndarray], int, Listed]:
     """Keys that repeat, settled on the keys themselves from the candidate hashes: the kept rows
     the main produce leaves out (row numbers per file), how many of them keep_last / keep_first
     drops, and the rows produced first in source order where every row is published (an append,
@@ -329,10 +319,9 @@ def _settle_repeated_keys(
     refuses = refuses_duplicates(manifest.sink)
     if len(found) > MAX_CANDIDATES:
         raise ToSparkSql(f"more than {MAX_CANDIDATES:,} keys may repeat (their rows would come to the driver)")
-    files = [(i, r.path) for i, r in enumerate(reports) if r.messages]
-    seconds = deadline_s(max(r.messages for r in reports), KEPT_CLEANUP_S, waves(len(files), local_task_slots(jobs.spark) or 1))
-    picked = jobs.in_tasks([[f] for f in files], lambda group: sql_task.candidate_records(group, found), seconds, "the read of repeated keys")
-    tables = [t for t in picked if t is not None]
+    files = sum(1 for r in reports if r.messages)
+    seconds = deadline_s(max(r.messages for r in reports), KEPT_CLEANUP_S, waves(files, local_task_slots(store.jobs.spark) or 1))
+    tables = store.candidate_records(reports, found, seconds)
     if not tables:
         return {}, 0, NOTHING_LISTED
     records = pa.concat_tables(tables)
@@ -347,18 +336,18 @@ def _settle_repeated_keys(
     # any one of them, its sort leaves them in any order).
     if settings.keep is not None:
         dropped = left_out_by_policy(flat, [*names, "file", "row"], settings.keep)
-        return _per_file(reports, dropped), dropped.num_rows, NOTHING_LISTED
+        return _per_file(dropped), dropped.num_rows, NOTHING_LISTED
     listed = in_source_order(flat.filter(pc.is_in(flat.column("key"), value_set=repeated_keys(flat))), [*names, "file", "row"])
     if listed.num_rows > MAX_LISTED:
         raise ToSparkSql(f"more than {MAX_LISTED:,} rows of keys that repeat (one task produces them in order)")
     files_of, rows = listed.column("file").to_numpy().astype(np.int64), listed.column("row").to_numpy()
-    return _per_file(reports, listed), 0, (files_of, rows)
+    return _per_file(listed), 0, (files_of, rows)
 
 
-def _per_file(reports: list[sql_task.SqlReport], records: pa.Table) -> dict[str, np.ndarray]:
-    """The row numbers of `records` per kept file, sorted."""
+def _per_file(records: pa.Table) -> dict[int, np.ndarray]:
+    """The row numbers of `records` per partition's kept messages, sorted."""
     files_of, rows = records.column("file").to_numpy(), records.column("row").to_numpy()
-    return {reports[int(i)].path: np.sort(rows[files_of == i]) for i in np.unique(files_of)}
+    return {int(i): np.sort(rows[files_of == i]) for i in np.unique(files_of)}
 
 
 def _gates(manifest: Manifest, planned: PlannedRead, result: RunResult, rows: int, name: str, frame_stage: str, log: Log, frame: DataFrame) -> None:
@@ -368,37 +357,30 @@ def _gates(manifest: Manifest, planned: PlannedRead, result: RunResult, rows: in
 
 
 def _produce(
-    jobs: BoundedJobs,
+    store: KeptMessages,
     settings: sql_task.SqlSettings,
     manifest: Manifest,
     sink_config: dict,
     reports: list[sql_task.SqlReport],
-    left_out: dict[str, np.ndarray],
+    left_out: dict[int, np.ndarray],
     ordered: Listed,
     result: RunResult,
     log: Log,
 ) -> list[dict]:
     """Produce the kept messages but those `left_out`: first the rows `ordered`, from one task in
-    their order, then every file from its own task; the delivery statistics rows."""
+    their order, then every partition's from its own task; the delivery statistics rows."""
     producer = producer_settings(manifest, sink_config)
-    first = _produce_ordered(jobs, settings, manifest, producer, reports, ordered, result, log) if len(ordered[0]) else []
-    groups = [[r.path] for r in reports if r.messages]
-    slots = produce_slots(jobs.spark)
+    first = _produce_ordered(store, settings, manifest, producer, reports, ordered, result, log) if len(ordered[0]) else []
+    tasks = sum(1 for r in reports if r.messages)
     largest = max(r.messages for r in reports)
-    seconds = deadline_s(largest, producer.flush_timeout_s, waves(len(groups), slots))
-    bounded = producer.bounded(seconds)
+    seconds = deadline_s(largest, producer.flush_timeout_s, waves(tasks, produce_slots(store.jobs.spark)))
     messages = sum(r.messages for r in reports) - sum(len(rows) for rows in left_out.values())
-    log(f"load: {len(groups)} task(s) produce {messages} message(s) to '{producer.topic}' (direct path)")
-
-    def produce_rows(paths: list[str]) -> list[dict]:
-        return [row for batch in sql_task.produce(settings, bounded, paths, left_out) for row in batch.to_pylist()]
-
-    produced = jobs.in_tasks(groups, produce_rows, seconds, f"the produce of {len(groups)} kept file(s) to '{producer.topic}'")
-    return first + [row for rows_of_task in produced for row in rows_of_task]
+    log(f"load: {tasks} task(s) produce {messages} message(s) to '{producer.topic}' (direct path)")
+    return first + store.produce(settings, producer.bounded(seconds), reports, left_out, seconds, f"the produce of {tasks} partition(s) of kept messages to '{producer.topic}'")
 
 
 def _produce_ordered(
-    jobs: BoundedJobs,
+    store: KeptMessages,
     settings: sql_task.SqlSettings,
     manifest: Manifest,
     producer: ProducerSettings,
@@ -407,34 +389,12 @@ def _produce_ordered(
     result: RunResult,
     log: Log,
 ) -> list[dict]:
-    """The messages of keys that repeat, produced first by one task in source order per key (the
-    kept files are all on its host: a local session); checked against their count, and a failed
-    delivery fails the run before the rest is produced."""
-    paths = [r.path for r in reports]
+    """The messages of keys that repeat, produced first by one task in source order per key;
+    checked against their count, and a failed delivery fails the run before the rest is
+    produced."""
     count = len(ordered[0])
     seconds = deadline_s(count, producer.flush_timeout_s)
-    bounded = producer.bounded(seconds)
     log(f"load: {count} message(s) of repeated keys produced first, in source order per key (direct path)")
-
-    def produce_rows(_: None) -> list[dict]:
-        return [row for batch in sql_task.produce_listed(settings, bounded, paths, *ordered) for row in batch.to_pylist()]
-
-    rows = jobs.in_tasks([None], produce_rows, seconds, f"the ordered produce of {count} message(s) to '{producer.topic}'")[0]
+    rows = store.produce_listed(settings, producer.bounded(seconds), reports, ordered, seconds, f"the ordered produce of {count} message(s) to '{producer.topic}'")
     check_ordered_delivery(manifest, rows, count, result)
     return rows
-
-
-def _remove_kept(jobs: BoundedJobs, settings: sql_task.SqlSettings, log: Log) -> None:
-    """Remove the run's kept files, in a Spark task (a Python worker's local directory is not the
-    driver's; in a local session every worker shares one). Best effort, bounded: a session that
-    failed the run may not run it, and the next runs' sweep removes what stays."""
-    try:
-        removed = jobs.in_tasks([settings], sql_task.remove_kept, KEPT_CLEANUP_S, "the removal of the kept messages")[0]
-    except Exception as exc:  # noqa: BLE001 - the run's outcome stands; the files are swept later
-        log(f"direct path: the kept messages were not removed ({type(exc).__name__}); a later run sweeps them")
-        return
-    if removed:
-        log(f"direct path: {removed} kept file(s) removed")
-
-
-KEPT_CLEANUP_S = 60.0

@@ -10,7 +10,9 @@ tasks), so tasks are left as they are there.
 
 from __future__ import annotations
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+
+from dpone_dagster.spark.session import is_connect
 
 
 def local_mode(spark: SparkSession) -> bool:
@@ -21,6 +23,29 @@ def local_mode(spark: SparkSession) -> bool:
     except Exception:
         return False
     return master == "local" or master.startswith("local[")
+
+
+def one_host(spark: SparkSession) -> bool:
+    """Every task of the session runs on one host, where files one task writes are there for the
+    others: a local-mode session, or a Spark Connect server whose master is local (as
+    `dpone spark-server` starts it). A cluster's executors may be anywhere."""
+    if local_mode(spark):
+        return True
+    if not is_connect(spark):
+        return False
+    try:
+        master = spark.conf.get("spark.master", "") or ""
+    except Exception:  # noqa: BLE001 - a server that does not say is taken for a cluster
+        return False
+    return master == "local" or master.startswith("local[")
+
+
+def partition_count(frame: DataFrame) -> int | None:
+    """The partitions (tasks) of `frame`'s read; None on Spark Connect, whose client cannot see
+    them without running the read."""
+    if is_connect(frame.sparkSession):
+        return None
+    return frame.rdd.getNumPartitions()
 
 
 def local_task_slots(spark: SparkSession) -> int | None:
