@@ -356,6 +356,85 @@ def test_duplicate_policy_fail_refuses_repeated_keys_on_the_direct_path(broker, 
     assert len(direct_records) == 300 and messages(direct_records) == messages(sql_records)
 
 
+# Batches past what the driver settles (the bound lowered to this table's size): the bound, the
+# strategy, and whether the read is in three partitions (keys that repeat across them).
+PAST_THE_DRIVER = {
+    "keep_last_unhashed": ("MAX_HASHED_ROWS", 100, "{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_last}", False),
+    "keep_first_candidates": ("MAX_CANDIDATES", 10, "{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_first}", False),
+    "append_listed": ("MAX_LISTED", 10, "{mode: incremental_append, unique_key: flag}", True),
+    "allow_unhashed": ("MAX_HASHED_ROWS", 100, "{mode: incremental_merge, unique_key: [flag, placed_on], duplicate_policy: allow}", True),
+}
+
+
+@pytest.mark.parametrize("case", list(PAST_THE_DRIVER))
+def test_keys_that_repeat_past_the_drivers_bounds_are_settled_by_spark(broker, spark, kafka_env, db, tmp_path, monkeypatch, case, kept_in):
+    """More rows with a unique key, more keys that may repeat, or more rows of keys that repeat
+    than the driver settles: the batch stays on the direct path and Spark settles the keys on the
+    kept messages with the Spark SQL path's rules: keep_last / keep_first its messages exactly,
+    and where every row is published, each key's messages in source order."""
+    from dpone_dagster.engine import direct_sql
+
+    bound, value, strategy, partitioned = PAST_THE_DRIVER[case]
+    create_orders(db)
+    if "placed_on" in strategy:
+        execute(db, "UPDATE orders SET placed_on = date '2026-01-01' + (order_id % 15)::int")
+    monkeypatch.setattr(direct_sql, bound, value)
+    settled = []
+    settle = direct_sql._settle_in_spark
+    monkeypatch.setattr(direct_sql, "_settle_in_spark", lambda *args: settled.append(args[-2]) or settle(*args))
+    read = "{incremental_column: updated_at, partition_column: order_id, num_partitions: 3, lower_bound: 1, upper_bound: 300}" if partitioned else None
+    results = {}
+    for path in ("direct", "spark_sql"):
+        dst = unique_topic(f"sqld_past_{path}")
+        create_topic(broker.bootstrap_servers, dst, 2)
+        text = manifest_text(dst, tmp_path / path, strategy)
+        text = text.replace("{incremental_column: updated_at, batch_size: 100}", read) if read else text
+        with monkeypatch.context() as patched:
+            if path == "spark_sql":
+                patched.setenv("DPONE_DIRECT_PATH", "off")
+            result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id=f"sqld-past-{path}"))
+        assert result.execution_path == path, result.notes
+        results[path] = (result, sorted(consume_raw(broker.bootstrap_servers, dst), key=lambda r: (r["partition"], r["offset"])))
+    why = {"MAX_HASHED_ROWS": "keyed rows", "MAX_CANDIDATES": "keys that may repeat", "MAX_LISTED": "rows of keys that repeat"}[bound]
+    assert settled == [f"more than {value:,} {why}"], settled
+    (direct, direct_records), (sql, sql_records) = results["direct"], results["spark_sql"]
+    assert direct.duplicates_removed == sql.duplicates_removed == (149 if "keep_" in case else 0)
+    assert direct.messages_produced == len(direct_records) == len(sql_records) == (151 if "keep_" in case else 300)
+    assert messages(direct_records) == messages(sql_records)
+
+    def per_key(records: list[dict]) -> dict[bytes, list[int]]:
+        out: dict[bytes, list[int]] = {}
+        for r in records:
+            out.setdefault(r["key"], []).append(json.loads(r["value"])["order_id"])
+        return out
+
+    assert per_key(direct_records) == per_key(sql_records)
+    assert all(ids == sorted(ids) for ids in per_key(direct_records).values())
+    assert not kept_directory_exists(spark, direct.run_id)
+
+
+def test_duplicate_policy_fail_past_the_drivers_bounds_refuses_as_the_spark_sql_path(broker, spark, kafka_env, db, tmp_path, monkeypatch, kept_in):
+    """Keys that repeat under duplicate_policy: fail, past the rows the driver hashes: Spark counts
+    them on the kept messages and the batch is refused with the Spark SQL path's error; nothing is
+    produced and the watermark stays."""
+    from dpone_dagster.engine import direct_sql
+
+    create_orders(db)
+    monkeypatch.setattr(direct_sql, "MAX_HASHED_ROWS", 100)
+    settled = []
+    settle = direct_sql._settle_in_spark
+    monkeypatch.setattr(direct_sql, "_settle_in_spark", lambda *args: settled.append(args[-2]) or settle(*args))
+    dst = unique_topic("sqld_past_fail")
+    create_topic(broker.bootstrap_servers, dst, 2)
+    m = parse_manifest(manifest_text(dst, tmp_path, "{mode: incremental_merge, unique_key: customer, duplicate_policy: fail}"))
+    with pytest.raises(RunFailed, match=r"duplicate_policy: fail — 149 key\(s\) occur more than once") as refused:
+        run_pipeline(m, spark, RunRequest(run_id="sqld-past-fail"))
+    assert settled == ["more than 100 keyed rows"], settled
+    assert consume_raw(broker.bootstrap_servers, dst, timeout_s=5) == []
+    assert stored_watermark(m) is None
+    assert not kept_directory_exists(spark, "sqld-past-fail")
+
+
 def test_published_checks_with_rows_left_out_go_to_the_spark_sql_path(broker, spark, kafka_env, db, tmp_path):
     """A row-level check of the rows as published, with rows keep_last leaves out: the kept read
     holds every row, so the Spark SQL path judges the batch (nothing was produced first)."""

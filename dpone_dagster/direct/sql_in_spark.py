@@ -24,6 +24,7 @@ from dpone_dagster.direct.sql_task import (
     ORDER,
     SqlSettings,
     candidates_in,
+    kept_batches,
     messages_of,
     sent,
     without,
@@ -56,13 +57,27 @@ def scan(settings: SqlSettings, schema: pa.Schema, partition: int, batches: Iter
         except StopIteration as done:
             report = replace(done.value, partition=partition)
             break
-        n = kept.num_rows
-        columns = {FILE: pa.array(np.full(n, partition, np.int32)), ROW: pa.array(np.arange(row, row + n))}
-        columns.update({name: kept.column(name) for name in kept.schema.names})
-        yield pa.RecordBatch.from_arrays([columns[f.name].cast(f.type) if f.name != REPORT else pa.nulls(n, pa.binary()) for f in schema], schema=schema)
-        row += n
+        yield positioned(kept, partition, row, schema)
+        row += kept.num_rows
     ending = [pa.nulls(1, f.type) for f in schema][:-1] + [pa.array([pickle.dumps(report)], pa.binary())]
     yield pa.RecordBatch.from_arrays(ending, schema=schema)
+
+
+def positioned(kept: pa.RecordBatch, partition: int, row: int, schema: pa.Schema) -> pa.RecordBatch:
+    """Kept messages as rows of `schema`: each with its partition and row number (`row`: the
+    first's), the report (where the schema has one) null (pure)."""
+    n = kept.num_rows
+    columns = {FILE: pa.array(np.full(n, partition, np.int32)), ROW: pa.array(np.arange(row, row + n))}
+    columns.update({name: kept.column(name) for name in kept.schema.names})
+    return pa.RecordBatch.from_arrays([columns[f.name].cast(f.type) if f.name != REPORT else pa.nulls(n, pa.binary()) for f in schema], schema=schema)
+
+
+def file_rows(files: list[tuple[int, str]], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The messages of kept files (partition, path) as the checkpoint's rows (without the report):
+    what Spark settles keys that repeat on when the files store keeps them."""
+    for partition, path in files:
+        for row, kept in kept_batches(path):
+            yield positioned(kept, partition, row, schema)
 
 
 def candidates(batches: Iterator[pa.RecordBatch], found: np.ndarray) -> Iterator[pa.RecordBatch]:
@@ -112,6 +127,6 @@ def listed(batches: Iterator[pa.RecordBatch], rows_of: dict[int, tuple[np.ndarra
             yield pa.RecordBatch.from_pydict(columns)
 
 
-def produce_in_order(settings: SqlSettings, producer: ProducerSettings, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Produce the listed messages as they come (sorted by their place, in one task)."""
+def produce_all(settings: SqlSettings, producer: ProducerSettings, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Produce every message as it comes, from one producer (so each key's keep their order)."""
     yield from produce_batches(producer, (sent(settings, b) for b in batches if b.num_rows))

@@ -150,7 +150,7 @@ def candidate_records(files: list[tuple[int, str]], candidates: np.ndarray) -> p
     found = [
         picked
         for partition, path in files
-        for row, batch in _kept(path)
+        for row, batch in kept_batches(path)
         if (picked := candidates_in(batch, partition, np.arange(row, row + batch.num_rows), candidates)) is not None
     ]
     return pa.concat_tables(found) if found else None
@@ -184,7 +184,7 @@ def produce(settings: SqlSettings, producer: ProducerSettings, files: list[tuple
     def messages() -> Iterator[pa.RecordBatch]:
         for partition, path in files:
             dropped = (left_out or {}).get(partition)
-            for row, batch in _kept(path):
+            for row, batch in kept_batches(path):
                 batch = without(batch, np.arange(row, row + batch.num_rows), dropped)
                 if batch.num_rows:
                     yield sent(settings, batch)
@@ -232,7 +232,7 @@ def sent(settings: SqlSettings, batch: pa.RecordBatch) -> pa.RecordBatch:
     return outgoing(batch, settings.value_prefix, listed, settings.key_prefix)
 
 
-def _kept(path: str) -> Iterator[tuple[int, pa.RecordBatch]]:
+def kept_batches(path: str) -> Iterator[tuple[int, pa.RecordBatch]]:
     """The kept batches of one file, each with the row number of its first message."""
     row = 0
     with pa.memory_map(_existing(path)) as source:

@@ -13,7 +13,8 @@ In the order of guarantees of every route (engine/run.py):
    source_target_count gate the counts, the row-level checks (Great Expectations included) the
    read, kept before the scan. keep_last / keep_first settle keys that repeat on the kept
    messages' source order, duplicate_policy: fail refuses them, and where every row is published
-   (an append, duplicate_policy: allow) their rows are listed in source order per key; messages
+   (an append, duplicate_policy: allow) their rows are listed in source order per key (past the
+   driver's bounds, Spark settles them with the Spark SQL path's rules); messages
    over message.max.bytes refuse the batch. What the Spark SQL path decides with its own rules —
    messages over message.max.bytes among rows keep_last / keep_first leaves out, values the rule
    does not write — sends the batch there (read again; nothing was produced).
@@ -31,7 +32,7 @@ never from a second read.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -45,10 +46,17 @@ from dpone_dagster.direct import sql_task
 from dpone_dagster.direct.keys import candidates, in_source_order, left_out_by_policy, repeated_keys
 from dpone_dagster.engine import bad_records, direct_checks, direct_registry, direct_shape
 from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
-from dpone_dagster.engine.direct_keys import refuse_repeats
+from dpone_dagster.engine.direct_keys import SAMPLE, refuse_repeats
 from dpone_dagster.engine.direct_load import check_ordered_delivery
 from dpone_dagster.engine.results import RunResult
-from dpone_dagster.engine.sql_kept import KEPT_CLEANUP_S, KeptMessages, KeptOnHost, Listed, kept_messages
+from dpone_dagster.engine.sql_kept import (
+    KEPT_CLEANUP_S,
+    KeptMessages,
+    KeptOnHost,
+    Listed,
+    kept_messages,
+    produce_frame,
+)
 from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.stages.gates import pre_publish_gates
 from dpone_dagster.engine.stages.load import Delivered, check_delivery, producer_settings
@@ -63,7 +71,16 @@ from dpone_dagster.shape import message
 from dpone_dagster.shape.envelope import envelope_parts
 from dpone_dagster.shape.headers import HeaderSpec
 from dpone_dagster.sinks.kafka import ProducerSettings
-from dpone_dagster.sinks.kafka_messages import refuses_duplicates, uses_dedupe
+from dpone_dagster.sinks.kafka_messages import (
+    KEY,
+    dedupe,
+    duplicate_keys,
+    duplicated_keys,
+    duplicates_refused,
+    ordered_by_key,
+    refuses_duplicates,
+    uses_dedupe,
+)
 from dpone_dagster.sinks.registry import PreparedSchema
 from dpone_dagster.spark.jobs import BoundedJobs, deadline_s, waves
 from dpone_dagster.spark.keep import keep_batch, release_batch
@@ -72,13 +89,12 @@ from dpone_dagster.spark.slots import local_task_slots, partition_count, produce
 STRATEGIES = ("incremental_append", "incremental_merge", "full_refresh", "replace", "cdc")
 # What a scan task may wait on the database beyond its rows (a connection, the query's start).
 READ_WAIT_S = 600.0
-# Rows with a unique key whose hashes (8 bytes each) the driver collects to find repeated keys.
+# Rows with a unique key whose hashes (8 bytes each) the driver collects to find repeated keys;
+# past these bounds Spark settles the keys that repeat on the kept messages (_settle_in_spark).
 MAX_HASHED_ROWS = 20_000_000
-# Keys that may repeat whose rows (key, file, row, order) the driver ranks: more go to the Spark
-# SQL path, as on the Kafka direct path.
+# Keys that may repeat whose rows (key, file, row, order) the driver ranks.
 MAX_CANDIDATES = 1_000_000
-# Rows of keys that repeat, all published, that one task produces in source order per key; more
-# go to the Spark SQL path, whose shuffle spreads them over its tasks.
+# Rows of keys that repeat, all published, that one task produces in source order per key.
 MAX_LISTED = 4_000_000
 
 
@@ -98,9 +114,6 @@ def refusal(manifest: Manifest, planned: PlannedRead, spark: SparkSession) -> st
     format_reason = direct_registry.refusal(manifest)
     if format_reason is not None:
         return format_reason
-    total = getattr(planned.boundary, "total", None)
-    if total is not None and total > MAX_HASHED_ROWS and sink.options.key.mode == "unique_key" and sink.strategy.unique_key_columns:
-        return f"more than {MAX_HASHED_ROWS:,} keyed rows (their key hashes come to the driver; the Spark SQL path counts keys on the cluster)"
     if sink.strategy.mode not in STRATEGIES:
         return f"strategy {sink.strategy.mode}"
     return None
@@ -128,6 +141,9 @@ def copy(
         log(f"direct path: not taken ({reason})")
         return None
     assert settings is not None
+    total = getattr(planned.boundary, "total", None)
+    if settings.hashed and total is not None and total > MAX_HASHED_ROWS:  # keys that repeat are settled by Spark
+        settings = replace(settings, hashed=False)
     jobs = BoundedJobs(spark, result.run_id)
     store = kept_messages(jobs, spark)
     attempt = Attempt.begin(result)
@@ -146,7 +162,8 @@ def copy(
             if deletes and settings.rule.deletes == "fail":
                 raise deletes_disabled(deletes)
             _refuse_keyless(reports)
-            left_out, removed, ordered = _settle_repeated_keys(store, settings, manifest, reports)
+            settled = _settle_repeated_keys(store, settings, manifest, reports, log)
+            removed = settled.removed
             if settings.rule.deletes == "skip":
                 result.deletes_skipped = deletes
             expected = sum(r.messages for r in reports) - removed
@@ -174,7 +191,7 @@ def copy(
             value_prefix, key_prefix = direct_registry.register(manifest, prepared, registry_config, result)
             settings = replace(settings, value_prefix=value_prefix, key_prefix=key_prefix)
         with stage(result, "load", log):
-            stats = aggregate(_produce(store, settings, manifest, sink_config, reports, left_out, ordered, result, log))
+            stats = aggregate(_produce(store, settings, manifest, sink_config, reports, settled, result, log))
         check_delivery(manifest, stats, result)
     finally:
         store.remove(settings, log)
@@ -304,31 +321,42 @@ def _keeps_one(manifest: Manifest) -> str | None:
 NOTHING_LISTED: Listed = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
-def _settle_repeated_keys(
-    store: KeptMessages, settings: sql_task.SqlSettings, manifest: Manifest, reports: list[sql_task.SqlReport]
-) -> tuple[dict[int, np.ndarray], int, Listed]:
-    """Keys that repeat, settled on the keys themselves from the candidate hashes: the kept rows
-    the main produce leaves out (row numbers per file), how many of them keep_last / keep_first
-    drops, and the rows produced first in source order where every row is published (an append,
-    duplicate_policy: allow: ordered as the Spark SQL path orders them). Keys that repeat under
-    duplicate_policy: fail refuse the batch as the Spark SQL path does."""
+@dataclass(frozen=True)
+class Settled:
+    """Keys that repeat, settled: the kept rows the main produce leaves out (row numbers per
+    partition), how many of them keep_last / keep_first drops, the rows produced first in source
+    order (where every row is published); or, past what the driver settles, the messages to
+    produce as Spark settled them (`frame`)."""
+
+    left_out: dict[int, np.ndarray] = field(default_factory=dict)
+    removed: int = 0
+    listed: Listed = NOTHING_LISTED
+    frame: DataFrame | None = None
+
+
+def _settle_repeated_keys(store: KeptMessages, settings: sql_task.SqlSettings, manifest: Manifest, reports: list[sql_task.SqlReport], log: Log) -> Settled:
+    """Keys that repeat, settled on the keys themselves from the candidate hashes on the driver,
+    or by Spark past its bounds (rows hashed, candidate keys, rows listed). Keys that repeat
+    under duplicate_policy: fail refuse the batch as the Spark SQL path does."""
+    keyed = settings.rule.key_columns is not None
+    if keyed and not settings.hashed:
+        return _settle_in_spark(store, settings, manifest, reports, f"more than {MAX_HASHED_ROWS:,} keyed rows", log)
     hashed = [r.hashes for r in reports if r.hashes is not None]
     found = candidates(hashed) if hashed else np.zeros(0, np.uint64)
     if not len(found):
-        return {}, 0, NOTHING_LISTED
-    refuses = refuses_duplicates(manifest.sink)
+        return Settled()
     if len(found) > MAX_CANDIDATES:
-        raise ToSparkSql(f"more than {MAX_CANDIDATES:,} keys may repeat (their rows would come to the driver)")
+        return _settle_in_spark(store, settings, manifest, reports, f"more than {MAX_CANDIDATES:,} keys that may repeat", log)
     files = sum(1 for r in reports if r.messages)
     seconds = deadline_s(max(r.messages for r in reports), KEPT_CLEANUP_S, waves(files, local_task_slots(store.jobs.spark) or 1))
     tables = store.candidate_records(reports, found, seconds)
     if not tables:
-        return {}, 0, NOTHING_LISTED
+        return Settled()
     records = pa.concat_tables(tables)
-    if refuses:
+    if refuses_duplicates(manifest.sink):
         repeated = repeated_keys(records)
         refuse_repeats(len(repeated), repeated.to_pylist())
-        return {}, 0, NOTHING_LISTED
+        return Settled()
     order = records.column(sql_task.ORDER).combine_chunks()
     names = [f"o{i}" for i in range(order.type.num_fields)]
     flat = pa.table([records.column("key"), *order.flatten(), records.column("file"), records.column("row")], names=["key", *names, "file", "row"])
@@ -336,12 +364,37 @@ def _settle_repeated_keys(
     # any one of them, its sort leaves them in any order).
     if settings.keep is not None:
         dropped = left_out_by_policy(flat, [*names, "file", "row"], settings.keep)
-        return _per_file(dropped), dropped.num_rows, NOTHING_LISTED
+        return Settled(_per_file(dropped), dropped.num_rows)
     listed = in_source_order(flat.filter(pc.is_in(flat.column("key"), value_set=repeated_keys(flat))), [*names, "file", "row"])
     if listed.num_rows > MAX_LISTED:
-        raise ToSparkSql(f"more than {MAX_LISTED:,} rows of keys that repeat (one task produces them in order)")
+        return _settle_in_spark(store, settings, manifest, reports, f"more than {MAX_LISTED:,} rows of keys that repeat", log)
     files_of, rows = listed.column("file").to_numpy().astype(np.int64), listed.column("row").to_numpy()
-    return _per_file(listed), 0, (files_of, rows)
+    return Settled(_per_file(listed), 0, (files_of, rows))
+
+
+def _settle_in_spark(store: KeptMessages, settings: sql_task.SqlSettings, manifest: Manifest, reports: list[sql_task.SqlReport], why: str, log: Log) -> Settled:
+    """Keys that repeat settled by Spark on the kept messages, with the Spark SQL path's rules
+    (sinks/kafka_messages.py): duplicate_policy: fail counts them, keep_last / keep_first keep one
+    message per key by source order, and where every row is published each key's messages go to
+    one producing task in source order. The messages cross into the JVM for the shuffle; the
+    driver holds none of them."""
+    log(f"shape: {why}: Spark settles the keys that repeat (direct path)")
+    renamed = {"key": KEY, **({sql_task.ORDER: C.ORDER} if settings.keeps_order else {})}
+    messages = store.messages(settings, reports).withColumnsRenamed(renamed)
+    seconds = deadline_s(sum(r.messages for r in reports), KEPT_CLEANUP_S)
+    if refuses_duplicates(manifest.sink):
+        count, sample = store.jobs.run(lambda: duplicate_keys(messages, SAMPLE), seconds, "the count of repeated keys")
+        if count:
+            raise duplicates_refused(count, sample)
+        return Settled()
+    if settings.keep is not None:
+        counts = duplicated_keys(messages).agg(F.sum("count").alias("rows"), F.count("*").alias("keys"))
+        repeats = store.jobs.run(counts.collect, seconds, "the count of repeated keys")[0]
+        settled = dedupe(messages, settings.keep)
+        removed = int(repeats["rows"] or 0) - int(repeats["keys"] or 0)
+    else:
+        settled, removed = ordered_by_key(messages), 0
+    return Settled(removed=removed, frame=settled.withColumnsRenamed({v: k for k, v in renamed.items()}))
 
 
 def _per_file(records: pa.Table) -> dict[int, np.ndarray]:
@@ -362,21 +415,25 @@ def _produce(
     manifest: Manifest,
     sink_config: dict,
     reports: list[sql_task.SqlReport],
-    left_out: dict[int, np.ndarray],
-    ordered: Listed,
+    settled: Settled,
     result: RunResult,
     log: Log,
 ) -> list[dict]:
-    """Produce the kept messages but those `left_out`: first the rows `ordered`, from one task in
-    their order, then every partition's from its own task; the delivery statistics rows."""
+    """Produce the kept messages but those left out: first the rows listed, from one task in
+    their order, then every partition's from its own task; or the messages as Spark settled them.
+    The delivery statistics rows."""
     producer = producer_settings(manifest, sink_config)
-    first = _produce_ordered(store, settings, manifest, producer, reports, ordered, result, log) if len(ordered[0]) else []
+    messages = sum(r.messages for r in reports) - settled.removed
+    if settled.frame is not None:
+        seconds = deadline_s(messages, producer.flush_timeout_s)  # a task may hold every message
+        log(f"load: {messages} message(s) as Spark settled the keys that repeat, to '{producer.topic}' (direct path)")
+        return produce_frame(store.jobs, settings, producer.bounded(seconds), settled.frame, seconds, f"the produce of {messages} settled message(s) to '{producer.topic}'")
+    first = _produce_ordered(store, settings, manifest, producer, reports, settled.listed, result, log) if len(settled.listed[0]) else []
     tasks = sum(1 for r in reports if r.messages)
     largest = max(r.messages for r in reports)
     seconds = deadline_s(largest, producer.flush_timeout_s, waves(tasks, produce_slots(store.jobs.spark)))
-    messages = sum(r.messages for r in reports) - sum(len(rows) for rows in left_out.values())
     log(f"load: {tasks} task(s) produce {messages} message(s) to '{producer.topic}' (direct path)")
-    return first + store.produce(settings, producer.bounded(seconds), reports, left_out, seconds, f"the produce of {tasks} partition(s) of kept messages to '{producer.topic}'")
+    return first + store.produce(settings, producer.bounded(seconds), reports, settled.left_out, seconds, f"the produce of {tasks} partition(s) of kept messages to '{producer.topic}'")
 
 
 def _produce_ordered(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -63,6 +63,10 @@ class KeptMessages(Protocol):
     def produce_listed(self, settings: sql_task.SqlSettings, producer: ProducerSettings, reports: list[sql_task.SqlReport], listed: Listed, seconds: float, what: str) -> list[dict]:
         """Produce the messages `listed`, in that order, from one producer; its statistics rows."""
 
+    def messages(self, settings: sql_task.SqlSettings, reports: list[sql_task.SqlReport]) -> DataFrame:
+        """The kept messages as a frame (file, row, key, value, order and sent key where kept),
+        for keys that repeat past what the driver settles: Spark settles them."""
+
     def remove(self, settings: sql_task.SqlSettings, log: Log) -> None:
         """Free what the batch's messages hold (best effort, bounded)."""
 
@@ -85,8 +89,12 @@ def _rows(batches: list[pa.RecordBatch]) -> list[dict]:
 @dataclass
 class KeptOnHost:
     jobs: BoundedJobs
+    order: dict[str, DataType] = field(default_factory=dict)  # the kept source order's type
+    time_zone: str = "UTC"
 
     def scan(self, settings: sql_task.SqlSettings, frame: DataFrame, seconds: float) -> list[sql_task.SqlReport]:
+        self.order, self.time_zone = _order_type(settings, frame), _time_zone(frame)
+
         def scanned(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             report = sql_task.scan(settings, _partition(), batches)
             yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(report)], pa.binary())], names=["report"])
@@ -111,6 +119,19 @@ class KeptOnHost:
         paths = [r.path for r in reports]
         return self.jobs.in_tasks([None], lambda _: _rows(list(sql_task.produce_listed(settings, producer, paths, *listed))), seconds, what)[0]
 
+    def messages(self, settings: sql_task.SqlSettings, reports: list[sql_task.SqlReport]) -> DataFrame:
+        """Read from the files by Spark tasks (every task runs on their host)."""
+        struct = _struct([c for c in sql_in_spark.kept_columns(settings) if c != REPORT], self.order)
+        schema = to_arrow_schema(struct, timezone=self.time_zone)
+        files = [(r.partition, r.path) for r in reports if r.messages]
+
+        def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                for index in batch.column(0).to_pylist():
+                    yield from sql_in_spark.file_rows([files[index]], schema)
+
+        return self.jobs.spark.range(0, len(files), 1, max(1, len(files))).mapInArrow(read, struct)
+
     def remove(self, settings: sql_task.SqlSettings, log: Log) -> None:
         """In a Spark task: a Python worker's local directory is not the driver's (in a local
         session every worker shares one). A session that failed the run may not run it; the next
@@ -130,8 +151,7 @@ class KeptInSpark:
     kept: DataFrame | None = None
 
     def scan(self, settings: sql_task.SqlSettings, frame: DataFrame, seconds: float) -> list[sql_task.SqlReport]:
-        order = {sql_task.ORDER: frame.schema[C.ORDER].dataType} if settings.keeps_order else {}
-        struct = _struct(sql_in_spark.kept_columns(settings), order)
+        struct = _struct(sql_in_spark.kept_columns(settings), _order_type(settings, frame))
         schema = to_arrow_schema(struct, timezone=_time_zone(frame))
 
         def scanned(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -147,6 +167,9 @@ class KeptInSpark:
         assert self.kept is not None, "scanned first"
         return self.kept.where(F.col(REPORT).isNull()).drop(REPORT)
 
+    def messages(self, settings: sql_task.SqlSettings, reports: list[sql_task.SqlReport]) -> DataFrame:
+        return self._messages()
+
     def candidate_records(self, reports: list[sql_task.SqlReport], found: np.ndarray, seconds: float) -> list[pa.Table]:
         messages = self._messages()
         order = {sql_task.ORDER: messages.schema[sql_task.ORDER].dataType} if sql_task.ORDER in messages.columns else {}
@@ -160,7 +183,7 @@ class KeptInSpark:
         def produced(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             yield _statistics(sql_in_spark.produce(settings, producer, batches, left_out))
 
-        return self._collected(self._messages().mapInArrow(produced, "out binary"), seconds, what)
+        return _collected(self.jobs, self._messages().mapInArrow(produced, "out binary"), seconds, what)
 
     def produce_listed(self, settings: sql_task.SqlSettings, producer: ProducerSettings, reports: list[sql_task.SqlReport], listed: Listed, seconds: float, what: str) -> list[dict]:
         files, rows = listed
@@ -174,15 +197,8 @@ class KeptInSpark:
         names = [POSITION, "key", "value", *([sql_in_spark.SENT_KEY] if sql_in_spark.SENT_KEY in messages.columns else [])]
         found = messages.mapInArrow(lambda batches: sql_in_spark.listed(batches, rows_of), _struct(names))
 
-        def produced(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            yield _statistics(sql_in_spark.produce_in_order(settings, producer, batches))
-
         # One partition, sorted by place: one producer sends every key's messages in order.
-        in_order = found.repartition(1).sortWithinPartitions(POSITION)
-        return self._collected(in_order.mapInArrow(produced, "out binary"), seconds, what)
-
-    def _collected(self, frame: DataFrame, seconds: float, what: str) -> list[dict]:
-        return [row for out in self.jobs.run(frame.collect, seconds, what) for row in pickle.loads(out["out"])]
+        return produce_frame(self.jobs, settings, producer, found.repartition(1).sortWithinPartitions(POSITION), seconds, what)
 
     def remove(self, settings: sql_task.SqlSettings, log: Log) -> None:
         """The checkpoint's blocks go with it (a Spark Connect server frees them once the client
@@ -207,6 +223,24 @@ def _struct(names: list[str], more: dict[str, DataType] | None = None) -> Struct
 
 def _time_zone(frame: DataFrame) -> str:
     return frame.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
+
+
+def produce_frame(jobs: BoundedJobs, settings: sql_task.SqlSettings, producer: ProducerSettings, frame: DataFrame, seconds: float, what: str) -> list[dict]:
+    """Produce every message of `frame` (key, value, sent key where kept), each partition's in
+    its order from one producer; the delivery statistics rows."""
+
+    def produced(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield _statistics(sql_in_spark.produce_all(settings, producer, batches))
+
+    return _collected(jobs, frame.mapInArrow(produced, "out binary"), seconds, what)
+
+
+def _collected(jobs: BoundedJobs, frame: DataFrame, seconds: float, what: str) -> list[dict]:
+    return [row for out in jobs.run(frame.collect, seconds, what) for row in pickle.loads(out["out"])]
+
+
+def _order_type(settings: sql_task.SqlSettings, frame: DataFrame) -> dict[str, DataType]:
+    return {sql_task.ORDER: frame.schema[C.ORDER].dataType} if settings.keeps_order else {}
 
 
 def _statistics(batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch:
