@@ -427,7 +427,7 @@ def test_duplicate_policy_fail_past_the_drivers_bounds_refuses_as_the_spark_sql_
     dst = unique_topic("sqld_past_fail")
     create_topic(broker.bootstrap_servers, dst, 2)
     m = parse_manifest(manifest_text(dst, tmp_path, "{mode: incremental_merge, unique_key: customer, duplicate_policy: fail}"))
-    with pytest.raises(RunFailed, match=r"duplicate_policy: fail — 149 key\(s\) occur more than once") as refused:
+    with pytest.raises(RunFailed, match=r"duplicate_policy: fail — 149 key\(s\) occur more than once"):
         run_pipeline(m, spark, RunRequest(run_id="sqld-past-fail"))
     assert settled == ["more than 100 keyed rows"], settled
     assert consume_raw(broker.bootstrap_servers, dst, timeout_s=5) == []
