@@ -363,6 +363,7 @@ PAST_THE_DRIVER = {
     "keep_first_candidates": ("MAX_CANDIDATES", 10, "{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_first}", False),
     "append_listed": ("MAX_LISTED", 10, "{mode: incremental_append, unique_key: flag}", True),
     "allow_unhashed": ("MAX_HASHED_ROWS", 100, "{mode: incremental_merge, unique_key: [flag, placed_on], duplicate_policy: allow}", True),
+    "keep_last_task_hashes": ("MAX_TASK_HASHES", 50, "{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_last}", True),
 }
 
 
@@ -395,7 +396,7 @@ def test_keys_that_repeat_past_the_drivers_bounds_are_settled_by_spark(broker, s
             result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id=f"sqld-past-{path}"))
         assert result.execution_path == path, result.notes
         results[path] = (result, sorted(consume_raw(broker.bootstrap_servers, dst), key=lambda r: (r["partition"], r["offset"])))
-    why = {"MAX_HASHED_ROWS": "keyed rows", "MAX_CANDIDATES": "keys that may repeat", "MAX_LISTED": "rows of keys that repeat"}[bound]
+    why = {"MAX_HASHED_ROWS": "keyed rows", "MAX_CANDIDATES": "keys that may repeat", "MAX_LISTED": "rows of keys that repeat", "MAX_TASK_HASHES": "keyed rows in one task"}[bound]
     assert settled == [f"more than {value:,} {why}"], settled
     (direct, direct_records), (sql, sql_records) = results["direct"], results["spark_sql"]
     assert direct.duplicates_removed == sql.duplicates_removed == (149 if "keep_" in case else 0)
@@ -945,3 +946,25 @@ def test_the_scan_bound_is_twice_the_count_or_a_share_of_the_driver_bound():
     assert scan_bound(0, 1) == 0
     assert scan_bound(None, 4) == MAX_HASHED_ROWS // 4
     assert scan_bound(None, 0) == MAX_HASHED_ROWS
+
+
+def test_speculation_on_a_cluster_sends_a_sql_batch_to_the_spark_sql_path(monkeypatch, tmp_path):
+    """With speculative tasks two attempts of one scan task could each keep their own read of the
+    table in Spark's storage: on a cluster the batch goes to the Spark SQL path (one host keeps
+    files named by the task, written whole once)."""
+    from types import SimpleNamespace
+
+    from dpone_dagster.engine import direct_sql
+    from dpone_dagster.spark.session import speculates
+
+    def session(value: str) -> Any:
+        return SimpleNamespace(conf=SimpleNamespace(get=lambda key, default=None: value if key == "spark.speculation" else default))
+
+    assert speculates(session("true")) and speculates(session(" TRUE ")) and not speculates(session("false"))
+    m = parse_manifest(manifest_text("t", tmp_path, "{mode: incremental_merge, unique_key: order_id}"))
+    planned = SimpleNamespace(boundary=SimpleNamespace(empty=False, total=10))
+    monkeypatch.setattr(direct_sql, "speculates", lambda spark: True)
+    for one_host, refused in ((False, True), (True, False)):
+        monkeypatch.setattr(direct_sql, "one_host", lambda spark, one_host=one_host: one_host)
+        reason = direct_sql.refusal(m, planned, object())
+        assert (reason is not None and "spark.speculation" in reason) == refused, reason

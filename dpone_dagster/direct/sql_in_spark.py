@@ -4,9 +4,10 @@ messages by the one rule (direct/sql_task.messages_of) as rows of a local checkp
 its partition and row number, and ends with one row that holds its report. The driver judges
 the batch from the reports, then tasks produce the checkpoint's messages.
 
-A checkpoint block lost with its executor is never computed again from the database (whose rows
-may have changed since the batch was judged): reading it fails the task, and so the run, before
-the watermark moves.
+The driver reads the reports only once the checkpoint is complete (Spark computes a part lost
+while it is made again, before anything is judged); a part lost after that is never computed
+again from the database, whose rows may have changed since the batch was judged: reading it
+fails the task, and so the run, before the watermark moves.
 """
 
 from __future__ import annotations

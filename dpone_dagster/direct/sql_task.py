@@ -59,6 +59,9 @@ class SqlSettings:
     # batch (the driver sends it to the Spark SQL path), so the key hashes and candidate rows the
     # driver gathers, and the scan's time bound, stay bounded.
     max_rows: int | None = None
+    # Keyed rows whose hashes one task reports (engine/direct_sql.MAX_TASK_HASHES): past them it
+    # reports none (`unhashed`), and Spark settles the keys that repeat.
+    max_hashes: int | None = None
 
     @property
     def keeps_order(self) -> bool:
@@ -78,7 +81,8 @@ class SqlReport:
     oversized: int = 0  # messages over message.max.bytes
     refused: str | None = None  # a value the rule does not write
     hashes: TaskHashes | None = None
-    partition: int = 0  # the Spark partition scanned; kept messages are named by it
+    partition: int = 0
+    unhashed: bool = False  # more keyed rows than the task hashes (max_hashes): none reported  # the Spark partition scanned; kept messages are named by it
 
 
 def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch]) -> SqlReport:
@@ -101,7 +105,7 @@ def messages_of(settings: SqlSettings, batches: Iterator[pa.RecordBatch]) -> Gen
     Where the messages are kept is the caller's: a file of this host, or Spark's storage."""
     rows = deletes = messages = keyless = keyless_deletes = oversized = 0
     hashes: list[np.ndarray] = []
-    refused = None
+    refused, unhashed = None, False
     rule, names = settings.rule, list(settings.names)
     for batch in batches:
         rows += batch.num_rows
@@ -130,8 +134,11 @@ def messages_of(settings: SqlSettings, batches: Iterator[pa.RecordBatch]) -> Gen
             keyless_deletes += tombstones  # the rest are delete events, published unsettled
         sizes = pc.add(sent_size(key if sent_key is None else sent_key, settings.key_frame_bytes), sent_size(value, settings.value_frame_bytes))
         oversized += int(pc.sum(pc.greater(sizes, settings.max_message_bytes - settings.header_bytes)).as_py() or 0)
-        if settings.hashed:
-            hashes.append(keyed_hashes(key))  # keys are told apart by their text, as on the Spark SQL path
+        if settings.hashed and not unhashed:
+            if settings.max_hashes is not None and messages + batch.num_rows > settings.max_hashes:
+                unhashed, hashes = True, []
+            else:
+                hashes.append(keyed_hashes(key))  # keys are told apart by their text, as on the Spark SQL path
         kept, kept_names = [key, value], list(MESSAGES.names)
         if settings.keeps_order:
             kept, kept_names = [*kept, batch.column(C.ORDER)], [*kept_names, ORDER]
@@ -139,8 +146,8 @@ def messages_of(settings: SqlSettings, batches: Iterator[pa.RecordBatch]) -> Gen
             kept, kept_names = [*kept, sent_key], [*kept_names, SENT_KEY]
         yield pa.RecordBatch.from_arrays(kept, names=kept_names)
         messages += batch.num_rows
-    hashed = TaskHashes.of(hashes) if settings.hashed and refused is None else None
-    return SqlReport("", rows, deletes, messages, keyless, keyless_deletes, oversized, refused, hashed)
+    hashed = TaskHashes.of(hashes) if settings.hashed and not unhashed and refused is None else None
+    return SqlReport("", rows, deletes, messages, keyless, keyless_deletes, oversized, refused, hashed, unhashed=unhashed)
 
 
 def candidate_records(files: list[tuple[int, str]], candidates: np.ndarray) -> pa.Table | None:

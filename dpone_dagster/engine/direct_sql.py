@@ -83,8 +83,9 @@ from dpone_dagster.sinks.kafka_messages import (
 )
 from dpone_dagster.sinks.registry import PreparedSchema
 from dpone_dagster.spark.jobs import BoundedJobs, deadline_s, waves
-from dpone_dagster.spark.keep import keep_batch, release_batch
-from dpone_dagster.spark.slots import local_task_slots, partition_count, produce_slots
+from dpone_dagster.spark.keep import release_batch
+from dpone_dagster.spark.session import speculates
+from dpone_dagster.spark.slots import one_host, partition_count, produce_slots
 
 STRATEGIES = ("incremental_append", "incremental_merge", "full_refresh", "replace", "cdc")
 # What a scan task may wait on the database beyond its rows (a connection, the query's start).
@@ -92,6 +93,9 @@ READ_WAIT_S = 600.0
 # Rows with a unique key whose hashes (8 bytes each) the driver collects to find repeated keys;
 # past these bounds Spark settles the keys that repeat on the kept messages (_settle_in_spark).
 MAX_HASHED_ROWS = 20_000_000
+# Keyed rows whose hashes one scan task reports (64 MiB): a report is one row of a result, and a
+# Spark Connect client takes at most 128 MiB in one message.
+MAX_TASK_HASHES = 8_000_000
 # Keys that may repeat whose rows (key, file, row, order) the driver ranks.
 MAX_CANDIDATES = 1_000_000
 # Rows of keys that repeat, all published, that one task produces in source order per key.
@@ -109,6 +113,8 @@ def refusal(manifest: Manifest, planned: PlannedRead, spark: SparkSession) -> st
         return "the source is not SQL"
     if not isinstance(sink, KafkaSink) or sink.type != "kafka":
         return "the sink is not Kafka"
+    if not one_host(spark) and speculates(spark):
+        return "spark.speculation on a cluster: two attempts of a scan task could keep two different reads of the table"
     if getattr(planned.boundary, "empty", False):
         return "nothing to read"
     format_reason = direct_registry.refusal(manifest)
@@ -147,12 +153,13 @@ def copy(
     jobs = BoundedJobs(spark, result.run_id)
     store = kept_messages(jobs, spark)
     attempt = Attempt.begin(result)
-    # Row-level checks judge the rows the scan writes: the read is kept for both (engine/direct_checks.py).
-    kept = keep_batch(frame) if direct_checks.row_level(manifest.quality.checks) else None
-    frame = kept if kept is not None else frame
+    kept = None
     try:
         with stage(result, "extract", log):
-            reports = _scan(jobs, store, settings, frame, getattr(planned.boundary, "total", None), log)
+            settings, seconds = _scan_bounds(jobs, store, settings, frame, total, log)
+            if direct_checks.row_level(manifest.quality.checks):  # they judge the rows the scan writes: the read is kept for both
+                frame = kept = store.keep_read(frame, seconds)
+            reports = store.scan(settings, frame.select(*settings.names, C.OP, *([C.ORDER] if settings.keeps_order else [])), seconds)
             rows = result.rows_extracted = sum(r.rows for r in reports)
             _judge(reports)
             result.notes.extend(extracted.notes)
@@ -265,21 +272,19 @@ def scan_bound(planned_rows: int | None, tasks: int) -> int:
     return 2 * planned_rows if planned_rows is not None else MAX_HASHED_ROWS // max(1, tasks)
 
 
-def _scan(
+def _scan_bounds(
     jobs: BoundedJobs, store: KeptMessages, settings: sql_task.SqlSettings, frame: DataFrame, planned_rows: int | None, log: Log
-) -> list[sql_task.SqlReport]:
-    """Every partition of the read scanned by its task; their reports. The time bound lets each
-    task scan the rows `scan_bound` allows it, at the floor rate of spark/jobs.py; a task that
-    reads more stops and refuses the batch."""
-    frame = frame.select(*settings.names, C.OP, *([C.ORDER] if settings.keeps_order else []))  # what the rule reads
+) -> tuple[sql_task.SqlSettings, float]:
+    """The rows each scan task may read (`scan_bound`, in the settings: a task that reads more
+    stops and refuses the batch) and the time the scan may take to read them, at the floor rate
+    of spark/jobs.py."""
     tasks = partition_count(frame)
     if tasks is None and planned_rows is None:
         raise ToSparkSql("a read not counted when planning (CDC), on Spark Connect, whose client cannot see its task count to bound each task's rows")
     where = "on this host" if isinstance(store, KeptOnHost) else "in Spark's storage (a cluster)"
     log(f"extract: {tasks if tasks is not None else 'the'} Spark task(s) write the rows' messages, kept {where} (direct path)")
-    settings = replace(settings, max_rows=scan_bound(planned_rows, tasks or 1))
-    seconds = deadline_s(settings.max_rows, READ_WAIT_S, waves(tasks or 1, local_task_slots(jobs.spark) or 1))
-    return store.scan(settings, frame, seconds)
+    settings = replace(settings, max_rows=scan_bound(planned_rows, tasks or 1), max_hashes=MAX_TASK_HASHES)
+    return settings, deadline_s(settings.max_rows, READ_WAIT_S, waves(tasks or 1, produce_slots(jobs.spark)))
 
 
 def _judge(reports: list[sql_task.SqlReport]) -> None:
@@ -341,6 +346,8 @@ def _settle_repeated_keys(store: KeptMessages, settings: sql_task.SqlSettings, m
     keyed = settings.rule.key_columns is not None
     if keyed and not settings.hashed:
         return _settle_in_spark(store, settings, manifest, reports, f"more than {MAX_HASHED_ROWS:,} keyed rows", log)
+    if any(r.unhashed for r in reports):
+        return _settle_in_spark(store, settings, manifest, reports, f"more than {MAX_TASK_HASHES:,} keyed rows in one task", log)
     hashed = [r.hashes for r in reports if r.hashes is not None]
     found = candidates(hashed) if hashed else np.zeros(0, np.uint64)
     if not len(found):
@@ -348,7 +355,7 @@ def _settle_repeated_keys(store: KeptMessages, settings: sql_task.SqlSettings, m
     if len(found) > MAX_CANDIDATES:
         return _settle_in_spark(store, settings, manifest, reports, f"more than {MAX_CANDIDATES:,} keys that may repeat", log)
     files = sum(1 for r in reports if r.messages)
-    seconds = deadline_s(max(r.messages for r in reports), KEPT_CLEANUP_S, waves(files, local_task_slots(store.jobs.spark) or 1))
+    seconds = deadline_s(max(r.messages for r in reports), KEPT_CLEANUP_S, waves(files, produce_slots(store.jobs.spark)))
     tables = store.candidate_records(reports, found, seconds)
     if not tables:
         return Settled()
@@ -450,7 +457,7 @@ def _produce_ordered(
     checked against their count, and a failed delivery fails the run before the rest is
     produced."""
     count = len(ordered[0])
-    seconds = deadline_s(count, producer.flush_timeout_s)
+    seconds = deadline_s(sum(r.messages for r in reports), producer.flush_timeout_s)  # a store may read every kept message for them
     log(f"load: {count} message(s) of repeated keys produced first, in source order per key (direct path)")
     rows = store.produce_listed(settings, producer.bounded(seconds), reports, ordered, seconds, f"the ordered produce of {count} message(s) to '{producer.topic}'")
     check_ordered_delivery(manifest, rows, count, result)

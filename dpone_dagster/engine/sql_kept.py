@@ -34,7 +34,7 @@ from dpone_dagster.direct.sql_in_spark import FILE, POSITION, REPORT, ROW
 from dpone_dagster.engine.stages.timing import Log
 from dpone_dagster.sinks.kafka import ProducerSettings
 from dpone_dagster.spark.jobs import BoundedJobs
-from dpone_dagster.spark.keep import release_batch
+from dpone_dagster.spark.keep import keep_batch, release_batch
 from dpone_dagster.spark.slots import one_host
 
 # The rows of keys that repeat and are all published, in the order they are produced: (partition,
@@ -45,6 +45,10 @@ KEPT_CLEANUP_S = 60.0
 
 class KeptMessages(Protocol):
     jobs: BoundedJobs
+
+    def keep_read(self, frame: DataFrame, seconds: float) -> DataFrame:
+        """The read kept, for the scan and the row-level checks to judge the same rows; release it
+        with spark/keep.release_batch."""
 
     def scan(self, settings: sql_task.SqlSettings, frame: DataFrame, seconds: float) -> list[sql_task.SqlReport]:
         """Every partition of `frame` scanned by its task, the messages kept; the reports, one per
@@ -91,6 +95,9 @@ class KeptOnHost:
     jobs: BoundedJobs
     order: dict[str, DataType] = field(default_factory=dict)  # the kept source order's type
     time_zone: str = "UTC"
+
+    def keep_read(self, frame: DataFrame, seconds: float) -> DataFrame:
+        return keep_batch(frame)  # kept by the first pass that reads it (one host: no executor to lose)
 
     def scan(self, settings: sql_task.SqlSettings, frame: DataFrame, seconds: float) -> list[sql_task.SqlReport]:
         self.order, self.time_zone = _order_type(settings, frame), _time_zone(frame)
@@ -150,6 +157,9 @@ class KeptInSpark:
     jobs: BoundedJobs
     kept: DataFrame | None = None
 
+    def keep_read(self, frame: DataFrame, seconds: float) -> DataFrame:
+        return _checkpointed(self.jobs, frame, seconds, "the read of the batch")
+
     def scan(self, settings: sql_task.SqlSettings, frame: DataFrame, seconds: float) -> list[sql_task.SqlReport]:
         struct = _struct(sql_in_spark.kept_columns(settings), _order_type(settings, frame))
         schema = to_arrow_schema(struct, timezone=_time_zone(frame))
@@ -157,10 +167,8 @@ class KeptInSpark:
         def scanned(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             yield from sql_in_spark.scan(settings, schema, _partition(), batches)
 
-        # Computed and kept by the read of the reports, in one pass; never computed again.
-        self.kept = frame.mapInArrow(scanned, struct).localCheckpoint(eager=False, storageLevel=StorageLevel.DISK_ONLY)
-        kept = self.kept
-        rows = self.jobs.run(lambda: kept.where(F.col(REPORT).isNotNull()).select(REPORT).collect(), seconds, "the scan of the batch")
+        self.kept = kept = _checkpointed(self.jobs, frame.mapInArrow(scanned, struct), seconds, "the scan of the batch")
+        rows = self.jobs.run(kept.where(F.col(REPORT).isNotNull()).select(REPORT).collect, seconds, "the read of the scan's reports")
         return sorted((pickle.loads(row[REPORT]) for row in rows), key=lambda r: r.partition)
 
     def _messages(self) -> DataFrame:
@@ -201,8 +209,9 @@ class KeptInSpark:
         return produce_frame(self.jobs, settings, producer, found.repartition(1).sortWithinPartitions(POSITION), seconds, what)
 
     def remove(self, settings: sql_task.SqlSettings, log: Log) -> None:
-        """The checkpoint's blocks go with it (a Spark Connect server frees them once the client
-        lets go of the frame)."""
+        """The checkpoint's blocks go with it. A Spark Connect server frees them only when its JVM
+        collects the dropped frame (`spark.cleaner.periodicGC.interval`; `dpone spark-server`
+        sets 5 minutes)."""
         kept, self.kept = self.kept, None
         if kept is not None:
             try:
@@ -223,6 +232,13 @@ def _struct(names: list[str], more: dict[str, DataType] | None = None) -> Struct
 
 def _time_zone(frame: DataFrame) -> str:
     return frame.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
+
+
+def _checkpointed(jobs: BoundedJobs, frame: DataFrame, seconds: float, what: str) -> DataFrame:
+    """`frame` computed once and kept on the executors' disks (a local checkpoint), within the
+    job's bound. Read only once it is complete: Spark fills in a part lost while it is made by
+    computing it again, and never after (a part lost then fails the job that reads it)."""
+    return jobs.run(lambda: frame.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY), seconds, what)
 
 
 def produce_frame(jobs: BoundedJobs, settings: sql_task.SqlSettings, producer: ProducerSettings, frame: DataFrame, seconds: float, what: str) -> list[dict]:

@@ -121,6 +121,9 @@ def start(
         **default_spark_conf(),
         "spark.sql.artifact.isolation.enabled": "false",
         "spark.connect.session.manager.defaultSessionTimeout": "30d",
+        # A run's local checkpoint (the SQL direct path on a cluster master) is freed when the
+        # server's JVM collects the frame its client dropped: at most this long after the run.
+        "spark.cleaner.periodicGC.interval": "5min",
         **(conf or {}),
     }
     master = master or str(settings.get("spark.master", "local[*]"))

@@ -166,3 +166,13 @@ def _build(settings: dict[str, Any]) -> SparkSession:
     # The JVM and its Python workers copy this process's environment: credentials stay here.
     with withheld_from_children():
         return builder.getOrCreate()
+
+
+def speculates(spark: SparkSession) -> bool:
+    """Spark runs a second copy of a slow task (`spark.speculation`): two attempts of one task may
+    then both keep what they computed."""
+    try:
+        value = spark.conf.get("spark.speculation", "false")
+    except Exception:  # noqa: BLE001 - a server that does not say runs Spark's default (off)
+        return False
+    return str(value).strip().lower() == "true"
