@@ -619,7 +619,7 @@ def test_python_workers_killed_while_the_sql_batch_is_produced(broker, spark, ka
     target holds some: the task fails, the run fails and stores no watermark, the kept files go;
     the rerun reads the table again and delivers every row (duplicates only among what the failed
     run delivered)."""
-    rows = 60_000
+    rows = 120_000  # the produce outlasts the kill on a loaded machine (at 60,000 it once delivered every row first)
     bs = broker.bootstrap_servers
     m, dst, killed = run_killed_mid_produce(bs, spark, db, tmp_path, rows, "{mode: incremental_merge, unique_key: order_id}", "sqld-wkill")
     delivered_by_failed_run = len(consume_raw(bs, dst, timeout_s=60))
