@@ -364,6 +364,8 @@ PAST_THE_DRIVER = {
     "append_listed": ("MAX_LISTED", 10, "{mode: incremental_append, unique_key: flag}", True),
     "allow_unhashed": ("MAX_HASHED_ROWS", 100, "{mode: incremental_merge, unique_key: [flag, placed_on], duplicate_policy: allow}", True),
     "keep_last_task_hashes": ("MAX_TASK_HASHES", 50, "{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_last}", True),
+    # No key repeats: Spark counts them and the kept messages are produced as they are.
+    "unique_task_hashes": ("MAX_TASK_HASHES", 50, "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}", True),
 }
 
 
@@ -396,7 +398,7 @@ def test_keys_that_repeat_past_the_drivers_bounds_are_settled_by_spark(broker, s
             result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id=f"sqld-past-{path}"))
         assert result.execution_path == path, result.notes
         results[path] = (result, sorted(consume_raw(broker.bootstrap_servers, dst), key=lambda r: (r["partition"], r["offset"])))
-    why = {"MAX_HASHED_ROWS": "keyed rows", "MAX_CANDIDATES": "keys that may repeat", "MAX_LISTED": "rows of keys that repeat", "MAX_TASK_HASHES": "keyed rows in one task"}[bound]
+    why = {"MAX_HASHED_ROWS": "keyed rows", "MAX_CANDIDATES": "keys that may repeat", "MAX_LISTED": "rows of keys that may repeat", "MAX_TASK_HASHES": "keyed rows in one task"}[bound]
     assert settled == [f"more than {value:,} {why}"], settled
     (direct, direct_records), (sql, sql_records) = results["direct"], results["spark_sql"]
     assert direct.duplicates_removed == sql.duplicates_removed == (149 if "keep_" in case else 0)
@@ -968,3 +970,14 @@ def test_speculation_on_a_cluster_sends_a_sql_batch_to_the_spark_sql_path(monkey
         monkeypatch.setattr(direct_sql, "one_host", lambda spark, one_host=one_host: one_host)
         reason = direct_sql.refusal(m, planned, object())
         assert (reason is not None and "spark.speculation" in reason) == refused, reason
+
+
+def test_a_task_counts_the_rows_of_its_hashes_that_may_repeat():
+    import numpy as np
+
+    from dpone_dagster.direct.keys import TaskHashes
+
+    hashes = TaskHashes.of([np.array([5, 3, 5, 9], np.uint64), np.array([5, 7], np.uint64)])
+    assert hashes.rows_of(np.array([5, 7], np.uint64)) == 4  # 5 three times, 7 once
+    assert hashes.rows_of(np.array([3], np.uint64)) == 1 and hashes.rows_of(np.zeros(0, np.uint64)) == 0
+    assert sum(part.rows_of(np.array([5, 9], np.uint64)) for part in hashes.split(3)) == 4

@@ -54,25 +54,38 @@ def _powers(length: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class TaskHashes:
-    """One task's key hashes: distinct (sorted) and those it saw more than once."""
+    """One task's key hashes: distinct (sorted), those it saw more than once, and how often."""
 
     distinct: np.ndarray
     repeated: np.ndarray
+    repeated_counts: np.ndarray | None = None
 
     @staticmethod
     def of(hashes: Iterable[np.ndarray]) -> TaskHashes:
         arrays = [h for h in hashes if len(h)]
         if not arrays:
             empty = np.zeros(0, np.uint64)
-            return TaskHashes(empty, empty)
+            return TaskHashes(empty, empty, np.zeros(0, np.int64))
         distinct, counts = np.unique(np.concatenate(arrays), return_counts=True)
-        return TaskHashes(distinct, distinct[counts > 1])
+        return TaskHashes(distinct, distinct[counts > 1], counts[counts > 1])
+
+    def rows_of(self, found: np.ndarray) -> int | None:
+        """How many of the task's rows have a hash among `found` (sorted); None where the task
+        did not count its repeated hashes."""
+        if self.repeated_counts is None:
+            return None
+        rows = int(in_sorted(self.distinct, found).sum())
+        return rows + int((self.repeated_counts[in_sorted(self.repeated, found)] - 1).sum())
 
     def split(self, buckets: int) -> list[TaskHashes]:
         """The hashes by bucket (hash modulo `buckets`): equal hashes of any two tasks meet in one
         bucket, so each bucket finds its candidates on its own."""
         return [
-            TaskHashes(self.distinct[self.distinct % buckets == b], self.repeated[self.repeated % buckets == b])
+            TaskHashes(
+                self.distinct[self.distinct % buckets == b],
+                self.repeated[self.repeated % buckets == b],
+                None if self.repeated_counts is None else self.repeated_counts[self.repeated % buckets == b],
+            )
             for b in range(buckets)
         ]
 

@@ -81,8 +81,8 @@ class SqlReport:
     oversized: int = 0  # messages over message.max.bytes
     refused: str | None = None  # a value the rule does not write
     hashes: TaskHashes | None = None
-    partition: int = 0
-    unhashed: bool = False  # more keyed rows than the task hashes (max_hashes): none reported  # the Spark partition scanned; kept messages are named by it
+    partition: int = 0  # the Spark partition scanned; kept messages are named by it
+    unhashed: bool = False  # more keyed rows than the task hashes (max_hashes): none reported
 
 
 def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch]) -> SqlReport:

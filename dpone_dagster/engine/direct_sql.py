@@ -84,7 +84,7 @@ from dpone_dagster.sinks.kafka_messages import (
 from dpone_dagster.sinks.registry import PreparedSchema
 from dpone_dagster.spark.jobs import BoundedJobs, deadline_s, waves
 from dpone_dagster.spark.keep import release_batch
-from dpone_dagster.spark.session import speculates
+from dpone_dagster.spark.session import is_connect, speculates
 from dpone_dagster.spark.slots import one_host, partition_count, produce_slots
 
 STRATEGIES = ("incremental_append", "incremental_merge", "full_refresh", "replace", "cdc")
@@ -98,8 +98,11 @@ MAX_HASHED_ROWS = 20_000_000
 MAX_TASK_HASHES = 8_000_000
 # Keys that may repeat whose rows (key, file, row, order) the driver ranks.
 MAX_CANDIDATES = 1_000_000
-# Rows of keys that repeat, all published, that one task produces in source order per key.
+# Rows of keys that may repeat that come to the driver (and, all published, that one task
+# produces in source order per key); over Spark Connect each task's share travels as one message,
+# which the client takes up to 128 MiB.
 MAX_LISTED = 4_000_000
+MAX_LISTED_CONNECT = 1_000_000
 
 
 def refusal(manifest: Manifest, planned: PlannedRead, spark: SparkSession) -> str | None:
@@ -354,6 +357,9 @@ def _settle_repeated_keys(store: KeptMessages, settings: sql_task.SqlSettings, m
         return Settled()
     if len(found) > MAX_CANDIDATES:
         return _settle_in_spark(store, settings, manifest, reports, f"more than {MAX_CANDIDATES:,} keys that may repeat", log)
+    bound = MAX_LISTED_CONNECT if is_connect(store.jobs.spark) else MAX_LISTED
+    if sum(h.rows_of(found) or 0 for h in hashed) > bound:
+        return _settle_in_spark(store, settings, manifest, reports, f"more than {bound:,} rows of keys that may repeat", log)
     files = sum(1 for r in reports if r.messages)
     seconds = deadline_s(max(r.messages for r in reports), KEPT_CLEANUP_S, waves(files, produce_slots(store.jobs.spark)))
     tables = store.candidate_records(reports, found, seconds)
@@ -373,8 +379,6 @@ def _settle_repeated_keys(store: KeptMessages, settings: sql_task.SqlSettings, m
         dropped = left_out_by_policy(flat, [*names, "file", "row"], settings.keep)
         return Settled(_per_file(dropped), dropped.num_rows)
     listed = in_source_order(flat.filter(pc.is_in(flat.column("key"), value_set=repeated_keys(flat))), [*names, "file", "row"])
-    if listed.num_rows > MAX_LISTED:
-        return _settle_in_spark(store, settings, manifest, reports, f"more than {MAX_LISTED:,} rows of keys that repeat", log)
     files_of, rows = listed.column("file").to_numpy().astype(np.int64), listed.column("row").to_numpy()
     return Settled(_per_file(listed), 0, (files_of, rows))
 
@@ -394,13 +398,13 @@ def _settle_in_spark(store: KeptMessages, settings: sql_task.SqlSettings, manife
         if count:
             raise duplicates_refused(count, sample)
         return Settled()
-    if settings.keep is not None:
-        counts = duplicated_keys(messages).agg(F.sum("count").alias("rows"), F.count("*").alias("keys"))
-        repeats = store.jobs.run(counts.collect, seconds, "the count of repeated keys")[0]
-        settled = dedupe(messages, settings.keep)
-        removed = int(repeats["rows"] or 0) - int(repeats["keys"] or 0)
-    else:
-        settled, removed = ordered_by_key(messages), 0
+    counts = duplicated_keys(messages).agg(F.sum("count").alias("rows"), F.count("*").alias("keys"))
+    repeats = store.jobs.run(counts.collect, seconds, "the count of repeated keys")[0]
+    rows, keys = int(repeats["rows"] or 0), int(repeats["keys"] or 0)
+    if not keys:
+        return Settled()  # no key repeats: every kept message is produced as it is, without a shuffle
+    settled = dedupe(messages, settings.keep) if settings.keep is not None else ordered_by_key(messages)
+    removed = rows - keys if settings.keep is not None else 0
     return Settled(removed=removed, frame=settled.withColumnsRenamed({v: k for k, v in renamed.items()}))
 
 
@@ -432,7 +436,7 @@ def _produce(
     producer = producer_settings(manifest, sink_config)
     messages = sum(r.messages for r in reports) - settled.removed
     if settled.frame is not None:
-        seconds = deadline_s(messages, producer.flush_timeout_s)  # a task may hold every message
+        seconds = deadline_s(sum(r.messages for r in reports), producer.flush_timeout_s)  # a task may read and send every kept message
         log(f"load: {messages} message(s) as Spark settled the keys that repeat, to '{producer.topic}' (direct path)")
         return produce_frame(store.jobs, settings, producer.bounded(seconds), settled.frame, seconds, f"the produce of {messages} settled message(s) to '{producer.topic}'")
     first = _produce_ordered(store, settings, manifest, producer, reports, settled.listed, result, log) if len(settled.listed[0]) else []

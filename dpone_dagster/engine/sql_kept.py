@@ -34,7 +34,7 @@ from dpone_dagster.direct.sql_in_spark import FILE, POSITION, REPORT, ROW
 from dpone_dagster.engine.stages.timing import Log
 from dpone_dagster.sinks.kafka import ProducerSettings
 from dpone_dagster.spark.jobs import BoundedJobs
-from dpone_dagster.spark.keep import keep_batch, release_batch
+from dpone_dagster.spark.keep import release_batch
 from dpone_dagster.spark.slots import one_host
 
 # The rows of keys that repeat and are all published, in the order they are produced: (partition,
@@ -97,7 +97,9 @@ class KeptOnHost:
     time_zone: str = "UTC"
 
     def keep_read(self, frame: DataFrame, seconds: float) -> DataFrame:
-        return keep_batch(frame)  # kept by the first pass that reads it (one host: no executor to lose)
+        # Kept by the first pass that reads it (one host: no executor to lose); a checkpoint, not
+        # a cache, which a Connect server shares between sessions reading the same plan.
+        return frame.localCheckpoint(eager=False, storageLevel=StorageLevel.MEMORY_AND_DISK)
 
     def scan(self, settings: sql_task.SqlSettings, frame: DataFrame, seconds: float) -> list[sql_task.SqlReport]:
         self.order, self.time_zone = _order_type(settings, frame), _time_zone(frame)
