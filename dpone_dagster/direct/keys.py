@@ -58,7 +58,7 @@ class TaskHashes:
 
     distinct: np.ndarray
     repeated: np.ndarray
-    repeated_counts: np.ndarray | None = None
+    repeated_counts: np.ndarray
 
     @staticmethod
     def of(hashes: Iterable[np.ndarray]) -> TaskHashes:
@@ -69,11 +69,8 @@ class TaskHashes:
         distinct, counts = np.unique(np.concatenate(arrays), return_counts=True)
         return TaskHashes(distinct, distinct[counts > 1], counts[counts > 1])
 
-    def rows_of(self, found: np.ndarray) -> int | None:
-        """How many of the task's rows have a hash among `found` (sorted); None where the task
-        did not count its repeated hashes."""
-        if self.repeated_counts is None:
-            return None
+    def rows_of(self, found: np.ndarray) -> int:
+        """How many of the task's rows have a hash among `found` (sorted)."""
         rows = int(in_sorted(self.distinct, found).sum())
         return rows + int((self.repeated_counts[in_sorted(self.repeated, found)] - 1).sum())
 
@@ -84,7 +81,7 @@ class TaskHashes:
             TaskHashes(
                 self.distinct[self.distinct % buckets == b],
                 self.repeated[self.repeated % buckets == b],
-                None if self.repeated_counts is None else self.repeated_counts[self.repeated % buckets == b],
+                self.repeated_counts[self.repeated % buckets == b],
             )
             for b in range(buckets)
         ]

@@ -97,15 +97,8 @@ def produce(settings: SqlSettings, producer: ProducerSettings, batches: Iterator
     """Produce a partition's messages but the rows `left_out` (per partition, sorted); yields the
     delivery statistics (sinks/kafka.py)."""
 
-    def messages() -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            if not batch.num_rows:
-                continue
-            batch = without(batch, batch.column(ROW).to_numpy(), left_out.get(int(batch.column(FILE)[0].as_py())))
-            if batch.num_rows:
-                yield sent(settings, batch)
-
-    yield from produce_batches(producer, messages())
+    kept = (without(b, b.column(ROW).to_numpy(), left_out.get(int(b.column(FILE)[0].as_py()))) for b in batches if b.num_rows)
+    yield from produce_all(settings, producer, kept)
 
 
 def listed(batches: Iterator[pa.RecordBatch], rows_of: dict[int, tuple[np.ndarray, np.ndarray]]) -> Iterator[pa.RecordBatch]:

@@ -52,7 +52,6 @@ from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.sql_kept import (
     KEPT_CLEANUP_S,
     KeptMessages,
-    KeptOnHost,
     Listed,
     kept_messages,
     produce_frame,
@@ -284,8 +283,7 @@ def _scan_bounds(
     tasks = partition_count(frame)
     if tasks is None and planned_rows is None:
         raise ToSparkSql("a read not counted when planning (CDC), on Spark Connect, whose client cannot see its task count to bound each task's rows")
-    where = "on this host" if isinstance(store, KeptOnHost) else "in Spark's storage (a cluster)"
-    log(f"extract: {tasks if tasks is not None else 'the'} Spark task(s) write the rows' messages, kept {where} (direct path)")
+    log(f"extract: {tasks if tasks is not None else 'the'} Spark task(s) write the rows' messages, kept {store.where} (direct path)")
     settings = replace(settings, max_rows=scan_bound(planned_rows, tasks or 1), max_hashes=MAX_TASK_HASHES)
     return settings, deadline_s(settings.max_rows, READ_WAIT_S, waves(tasks or 1, produce_slots(jobs.spark)))
 
@@ -358,7 +356,7 @@ def _settle_repeated_keys(store: KeptMessages, settings: sql_task.SqlSettings, m
     if len(found) > MAX_CANDIDATES:
         return _settle_in_spark(store, settings, manifest, reports, f"more than {MAX_CANDIDATES:,} keys that may repeat", log)
     bound = MAX_LISTED_CONNECT if is_connect(store.jobs.spark) else MAX_LISTED
-    if sum(h.rows_of(found) or 0 for h in hashed) > bound:
+    if sum(h.rows_of(found) for h in hashed) > bound:
         return _settle_in_spark(store, settings, manifest, reports, f"more than {bound:,} rows of keys that may repeat", log)
     files = sum(1 for r in reports if r.messages)
     seconds = deadline_s(max(r.messages for r in reports), KEPT_CLEANUP_S, waves(files, produce_slots(store.jobs.spark)))

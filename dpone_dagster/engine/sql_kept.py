@@ -45,6 +45,7 @@ KEPT_CLEANUP_S = 60.0
 
 class KeptMessages(Protocol):
     jobs: BoundedJobs
+    where: str  # where the messages are kept, for the run's log
 
     def keep_read(self, frame: DataFrame, seconds: float) -> DataFrame:
         """The read kept, for the scan and the row-level checks to judge the same rows; release it
@@ -93,6 +94,7 @@ def _rows(batches: list[pa.RecordBatch]) -> list[dict]:
 @dataclass
 class KeptOnHost:
     jobs: BoundedJobs
+    where: str = "on this host"
     order: dict[str, DataType] = field(default_factory=dict)  # the kept source order's type
     time_zone: str = "UTC"
 
@@ -157,6 +159,7 @@ class KeptOnHost:
 @dataclass
 class KeptInSpark:
     jobs: BoundedJobs
+    where: str = "in Spark's storage (a cluster)"
     kept: DataFrame | None = None
 
     def keep_read(self, frame: DataFrame, seconds: float) -> DataFrame:
