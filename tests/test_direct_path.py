@@ -866,6 +866,9 @@ DELETE_SINKS = {
     "skipped": ("{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_first}", "deletes: {when_disabled: skip}"),
     # No unique_key: upserts have no key, a delete the source record's key.
     "events without a unique key": ("{mode: incremental_append}", "envelope: dpone, deletes: {enabled: true}, headers: {replicate_source: true}"),
+    # keep_last settles the deletes among themselves, by the source record's key.
+    "full_refresh without a unique key": ("{mode: full_refresh, duplicate_policy: keep_last}", "envelope: dpone, deletes: {enabled: true}"),
+    "replace events without a unique key": ("{mode: replace, duplicate_policy: keep_first}", "envelope: dpone, deletes: {enabled: true}"),
 }
 
 
@@ -907,6 +910,15 @@ def test_deletes_as_the_spark_sql_path_writes_them(broker, spark, kafka_env, tmp
         )
 
     assert written(direct, direct_records) == written(sql, sql_records)
+
+    def per_key(result: Any, records: list[dict[str, Any]]) -> dict[bytes, list[bytes]]:  # a key's messages in topic order
+        run_id = result.run_id.encode()
+        out: dict[bytes, list[bytes]] = {}
+        for r in sorted((r for r in records if r["key"] is not None), key=lambda r: r["offset"]):
+            out.setdefault(r["key"], []).append(r["value"] and r["value"].replace(run_id, b"<run>"))
+        return out
+
+    assert per_key(direct, direct_records) == per_key(sql, sql_records)
 
 
 def test_headers_of_a_slice_left_empty():

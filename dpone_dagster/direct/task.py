@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from dpone_dagster.direct.keys import TaskHashes, in_sorted, is_candidate, key_hashes
+from dpone_dagster.direct.keys import TaskHashes, in_sorted, is_candidate, keyed_hashes
 from dpone_dagster.direct.late import WindowRange, late_records
 from dpone_dagster.direct.outgoing import SENT_KEY, outgoing, sent_keys, sent_size
 from dpone_dagster.direct.progress import Slice
@@ -330,7 +330,7 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                         if kept_aside > SET_ASIDE_KEPT or kept_bytes > SET_ASIDE_BYTES:
                             raise Refused(f"more than {SET_ASIDE_KEPT} bad records, or {SET_ASIDE_BYTES >> 20} MB of them, in a task")
                     if settings.hashed:
-                        hashes.append(key_hashes(messages.column("key")))
+                        hashes.append(keyed_hashes(messages.column("key")))  # a message without a key is never settled
                     spill.write(messages)
                     kept[-1] = (piece, kept[-1][1] + messages.num_rows)
                     rows += messages.num_rows + (found if settings.deletes == "skip" else 0)

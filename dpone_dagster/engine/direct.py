@@ -115,8 +115,6 @@ def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
         return "nothing to read"
     if sink.strategy.mode not in STRATEGIES:
         return f"strategy {sink.strategy.mode}"
-    if sink.strategy.mode in ("full_refresh", "replace") and sink.options.key.mode == "unique_key" and not sink.strategy.unique_key_columns:
-        return f"{sink.strategy.mode} keyed by the source records' keys (no unique_key columns)"
     return None
 
 
@@ -315,7 +313,8 @@ def _settings(
             reader=source.reader_settings(),
             schema=schema,
             key_columns=key_columns,
-            hashed=key_columns is not None,
+            # Keyed by the unique key, or (no unique_key columns) deletes by the source record's key.
+            hashed=key_columns is not None or (options.key.mode == "unique_key" and options.deletes.enabled),
             max_message_bytes=limit,
             run_id=run_id,
             windows=tuple(
