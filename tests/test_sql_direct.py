@@ -243,31 +243,28 @@ def test_keys_that_repeat_where_every_row_is_published_keep_their_source_order(b
 # whether the direct path decides it).
 REFUSED_ROWS = {
     # amount is null in every 11th row: 27 rows without their key.
-    "keyless_rows": ("{mode: incremental_append, unique_key: amount}", "{}", "", (DataRefused, r"^27 record\(s\) have no unique key; nothing"), True),
+    "keyless_rows": ("{mode: incremental_append, unique_key: amount}", "{}", "", (DataRefused, r"^27 record\(s\) have no unique key; nothing")),
     # Those rows are deletes: no tombstone can be keyed.
     "keyless_tombstones": (
         "{mode: incremental_merge, unique_key: amount}",
         "{deletes: {enabled: true, tombstone: true}}",
         "UPDATE orders SET __dpone__op = CASE WHEN amount IS NULL THEN 'delete' ELSE 'upsert' END",
-        (RunFailed, r"^27 delete\(s\) have no key, so no tombstone"),
-        True,
+        (RunFailed, r"^27 delete\(s\) have no key, so no tombstone")
     ),
     # Six rows of 5,000 bytes over a limit of 4,000.
     "oversized": (
         "{mode: incremental_append, unique_key: order_id}",
         "{delivery: {producer_config: {message.max.bytes: 4000}}}",
         "UPDATE orders SET note = repeat('x', 5000) WHERE order_id % 50 = 0",
-        (DataRefused, r"^6 message\(s\) exceed message.max.bytes 4000; nothing .* sink.options.delivery.producer_config"),
-        True,
+        (DataRefused, r"^6 message\(s\) exceed message.max.bytes 4000; nothing .* sink.options.delivery.producer_config")
     ),
-    # keep_last leaves five of them out (each the earlier order of its customer): only the Spark
-    # SQL path, which measures the messages it keeps, counts one.
+    # keep_last leaves five of them out (each the earlier order of its customer): both paths count
+    # only the one published.
     "oversized_left_out": (
         "{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_last}",
         "{delivery: {producer_config: {message.max.bytes: 4000}}}",
         "UPDATE orders SET note = repeat('x', 5000) WHERE order_id % 50 = 0",
-        (DataRefused, r"^1 message\(s\) exceed message.max.bytes 4000"),
-        False,
+        (DataRefused, r"^1 message\(s\) exceed message.max.bytes 4000")
     ),
 }
 
@@ -276,11 +273,11 @@ REFUSED_ROWS = {
 def test_rows_the_sink_cannot_take_refuse_the_batch_as_on_the_spark_sql_path(broker, spark, kafka_env, db, tmp_path, monkeypatch, case):
     """Rows without their key, deletes without a key for their tombstone, messages over
     message.max.bytes: a SQL source has no bad-record policy, so the batch is refused with the
-    Spark SQL path's error, on the direct path itself where its count is the same; nothing is
-    produced, the watermark stays and no kept file outlives the run."""
+    Spark SQL path's error, on the direct path itself; nothing is produced, the watermark stays and
+    no kept file outlives the run."""
     from dpone_dagster.engine import run as run_module
 
-    strategy, options, change, (error, refusal), decided_there = REFUSED_ROWS[case]
+    strategy, options, change, (error, refusal) = REFUSED_ROWS[case]
     create_orders(db, extra=", __dpone__op text")
     if change:
         execute(db, change)
@@ -292,7 +289,7 @@ def test_rows_the_sink_cannot_take_refuse_the_batch_as_on_the_spark_sql_path(bro
         with monkeypatch.context() as patched, pytest.raises(error, match=refusal) as refused:
             if path == "spark_sql":
                 patched.setenv("DPONE_DIRECT_PATH", "off")
-            elif decided_there:
+            else:
                 patched.setattr(run_module, "shape_messages", lambda *a, **k: pytest.fail("the Spark SQL path shaped the batch"))
             run_pipeline(m, spark, RunRequest(run_id=f"sqld-{case}-{path}"))
         failures[path] = str(refused.value)
@@ -300,6 +297,39 @@ def test_rows_the_sink_cannot_take_refuse_the_batch_as_on_the_spark_sql_path(bro
         assert stored_watermark(m) is None
         assert not kept_directory_exists(spark, f"sqld-{case}-{path}")
     assert failures["direct"] == failures["spark_sql"]
+
+
+@pytest.mark.parametrize("settled_by", ["driver", "spark"])
+@pytest.mark.parametrize("last_order_too", [False, True])
+def test_messages_over_the_limit_that_keep_last_leaves_out_are_not_counted(
+    broker, spark, kafka_env, db, tmp_path, monkeypatch, settled_by, last_order_too, kept_in
+):
+    """Orders of 5,000 bytes over a limit of 4,000, each the earlier order of its customer:
+    keep_last leaves them all out, so the batch is published, on the direct path, with the Spark
+    SQL path's messages, whether the driver or Spark settles the keys. The last order has no later
+    one: made that large too, it is the one message both paths refuse the batch for."""
+    from dpone_dagster.engine import direct_sql
+    from dpone_dagster.engine import run as run_module
+
+    create_orders(db)
+    execute(db, f"UPDATE orders SET note = repeat('x', 5000) WHERE order_id % 50 = 0 {'' if last_order_too else 'AND order_id < 300'}")
+    if settled_by == "spark":
+        monkeypatch.setattr(direct_sql, "MAX_HASHED_ROWS", 100)
+    strategy = "{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_last}"
+    options = "{delivery: {producer_config: {message.max.bytes: 4000}}}"
+    if last_order_too:
+        dst = unique_topic("sqld_over")
+        create_topic(broker.bootstrap_servers, dst, 2)
+        monkeypatch.setattr(run_module, "shape_messages", lambda *a, **k: pytest.fail("the Spark SQL path shaped the batch"))
+        with pytest.raises(DataRefused, match=r"^1 message\(s\) exceed message.max.bytes 4000"):
+            run_pipeline(parse_manifest(manifest_text(dst, tmp_path, strategy, options)), spark, RunRequest(run_id="sqld-over"))
+        assert consume_raw(broker.bootstrap_servers, dst, timeout_s=5) == []
+        return
+    (direct, direct_records), (sql, sql_records) = run_both(broker.bootstrap_servers, spark, tmp_path, monkeypatch, strategy, options)
+    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
+    assert direct.messages_produced == len(direct_records) == 151
+    assert messages(direct_records) == messages(sql_records)
+    assert not any(len(r["value"]) > 4000 for r in direct_records)
 
 
 @pytest.mark.parametrize(("mode", "policy"), [("incremental_merge", "keep_last"), ("incremental_merge", "keep_first"), ("full_refresh", "keep_last")])

@@ -79,6 +79,7 @@ class SqlReport:
     keyless: int = 0  # upserts without their unique key
     keyless_deletes: int = 0  # deletes without a key to make their tombstone of
     oversized: int = 0  # messages over message.max.bytes
+    oversized_rows: tuple[int, ...] = ()  # their row numbers among the kept messages
     refused: str | None = None  # a value the rule does not write
     hashes: TaskHashes | None = None
     partition: int = 0  # the Spark partition scanned; kept messages are named by it
@@ -104,6 +105,7 @@ def messages_of(settings: SqlSettings, batches: Iterator[pa.RecordBatch]) -> Gen
     order and sent key where kept); returns the report of the rows (without path or partition).
     Where the messages are kept is the caller's: a file of this host, or Spark's storage."""
     rows = deletes = messages = keyless = keyless_deletes = oversized = 0
+    oversized_rows: list[int] = []  # few: each is over message.max.bytes
     hashes: list[np.ndarray] = []
     refused, unhashed = None, False
     rule, names = settings.rule, list(settings.names)
@@ -133,7 +135,9 @@ def messages_of(settings: SqlSettings, batches: Iterator[pa.RecordBatch]) -> Gen
             keyless += upserts if rule.key_columns is not None else 0
             keyless_deletes += tombstones  # the rest are delete events, published unsettled
         sizes = pc.add(sent_size(key if sent_key is None else sent_key, settings.key_frame_bytes), sent_size(value, settings.value_frame_bytes))
-        oversized += int(pc.sum(pc.greater(sizes, settings.max_message_bytes - settings.header_bytes)).as_py() or 0)
+        over = pc.greater(sizes, settings.max_message_bytes - settings.header_bytes).to_numpy(zero_copy_only=False)
+        oversized += int(over.sum())
+        oversized_rows.extend(int(r) + messages for r in np.flatnonzero(over))
         if settings.hashed and not unhashed:
             if settings.max_hashes is not None and messages + batch.num_rows > settings.max_hashes:
                 unhashed, hashes = True, []
@@ -147,7 +151,7 @@ def messages_of(settings: SqlSettings, batches: Iterator[pa.RecordBatch]) -> Gen
         yield pa.RecordBatch.from_arrays(kept, names=kept_names)
         messages += batch.num_rows
     hashed = TaskHashes.of(hashes) if settings.hashed and not unhashed and refused is None else None
-    return SqlReport("", rows, deletes, messages, keyless, keyless_deletes, oversized, refused, hashed, unhashed=unhashed)
+    return SqlReport("", rows, deletes, messages, keyless, keyless_deletes, oversized, tuple(oversized_rows), refused, hashed, unhashed=unhashed)
 
 
 def candidate_records(files: list[tuple[int, str]], candidates: np.ndarray) -> pa.Table | None:

@@ -44,6 +44,7 @@ from pyspark.sql.types import StructType
 from dpone_dagster import columns as C
 from dpone_dagster.direct import sql_task
 from dpone_dagster.direct.keys import candidates, in_source_order, left_out_by_policy, repeated_keys
+from dpone_dagster.direct.sql_in_spark import FILE, ROW
 from dpone_dagster.engine import bad_records, direct_checks, direct_registry, direct_shape
 from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
 from dpone_dagster.engine.direct_keys import SAMPLE, refuse_repeats
@@ -180,7 +181,7 @@ def copy(
                 raise ToSparkSql("checks of the rows as published, with rows keep_last / keep_first leaves out")
             published = frame.where(F.col(C.OP) != C.DELETE) if settings.rule.deletes == "skip" else frame
             _gates(manifest, planned, result, expected, "quality_published", "published", log, published)
-            _refuse_oversized(reports, removed, settings.max_message_bytes)
+            _refuse_oversized(store, reports, settled, settings.max_message_bytes)
     except ToSparkSql as exc:
         store.remove(settings, log)
         attempt.take_back(result, exc, log)
@@ -308,15 +309,27 @@ def _refuse_keyless(reports: list[sql_task.SqlReport]) -> None:
         raise bad_records.sql_rows_refused(keyless, bad_records.KEYLESS, bad_records.KEYLESS_FIX)
 
 
-def _refuse_oversized(reports: list[sql_task.SqlReport], removed: int, limit: int) -> None:
+def _refuse_oversized(store: KeptMessages, reports: list[sql_task.SqlReport], settled: Settled, limit: int) -> None:
     """Messages over message.max.bytes refuse the batch, as on the Spark SQL path, which measures
-    the messages de-duplication keeps: with rows left out, the scan's count may hold some it does
-    not, so the batch goes there."""
+    the messages de-duplication keeps: those keep_last / keep_first leave out are not counted."""
     oversized = sum(r.oversized for r in reports)
-    if oversized and removed:
-        raise ToSparkSql(f"{oversized} message(s) over message.max.bytes, with rows keep_last / keep_first leaves out")
+    if oversized and settled.removed:
+        oversized = _published_oversized(store, reports, settled)
     if oversized:
         raise bad_records.sql_rows_refused(oversized, bad_records.oversized(limit), bad_records.OVERSIZED_FIX)
+
+
+def _published_oversized(store: KeptMessages, reports: list[sql_task.SqlReport], settled: Settled) -> int:
+    """How many of the messages over message.max.bytes are published: not left out by the driver's
+    settlement, or among the messages Spark settled (counted there, a join on their few rows)."""
+    if settled.frame is None:
+        empty = np.zeros(0, np.int64)
+        return sum(int(np.count_nonzero(~np.isin(r.oversized_rows, settled.left_out.get(r.partition, empty)))) for r in reports)
+    rows = [(r.partition, row) for r in reports for row in r.oversized_rows]
+    oversized = store.jobs.spark.createDataFrame(rows, f"{FILE} int, {ROW} long")
+    kept = settled.frame.select(FILE, ROW).join(oversized, [FILE, ROW], "left_semi")
+    seconds = deadline_s(sum(r.messages for r in reports), KEPT_CLEANUP_S)
+    return int(store.jobs.run(kept.count, seconds, "the count of oversized messages published"))
 
 
 def _keeps_one(manifest: Manifest) -> str | None:
