@@ -468,18 +468,37 @@ def test_duplicate_policy_fail_past_the_drivers_bounds_refuses_as_the_spark_sql_
     assert not kept_directory_exists(spark, "sqld-past-fail")
 
 
-def test_published_checks_with_rows_left_out_go_to_the_spark_sql_path(broker, spark, kafka_env, db, tmp_path):
-    """A row-level check of the rows as published, with rows keep_last leaves out: the kept read
-    holds every row, so the Spark SQL path judges the batch (nothing was produced first)."""
-    create_orders(db)
-    dst = unique_topic("sqld_published")
-    create_topic(broker.bootstrap_servers, dst, 2)
-    quality = "quality: {mode: warn, checks: [{type: unique, columns: [customer]}]}"
-    strategy = "{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_last}"
-    result = run_pipeline(parse_manifest(manifest_text(dst, tmp_path, strategy, quality=quality)), spark)
-    assert result.execution_path == "spark_sql" and any("checks of the rows as published" in n for n in result.notes), result.notes
-    assert [(g["passed"], g["observed"]) for g in result.gates] == [(True, 0)]
-    assert len(consume_raw(broker.bootstrap_servers, dst)) == 151
+PUBLISHED_CHECKS = {  # (checks of the rows as published, strategy, deletes skipped)
+    "unique_keep_last": ("[{type: unique, columns: [customer]}]", "keep_last", False),
+    # amount is null in every 11th row: keep_first and keep_last each leave some of them out.
+    "not_null_keep_first": ("[{type: not_null, columns: [amount]}, {type: accepted_values, column: flag, values: [true]}]", "keep_first", False),
+    "not_null_deletes_skipped": ("[{type: not_null, columns: [amount]}, {type: unique, columns: [customer]}]", "keep_last", True),
+}
+
+
+@pytest.mark.parametrize("settled_by", ["driver", "spark"])
+@pytest.mark.parametrize("case", list(PUBLISHED_CHECKS))
+def test_checks_of_the_rows_as_published_judge_the_rows_keep_last_keeps(broker, spark, kafka_env, db, tmp_path, monkeypatch, case, settled_by, kept_in):
+    """Row-level checks of the rows as published, with rows keep_last / keep_first leaves out (and
+    deletes skipped): the direct path judges the kept read but the rows left out, whether the
+    driver or Spark settled the keys, and observes what the Spark SQL path observes."""
+    from dpone_dagster.engine import direct_sql
+
+    checks, policy, skip = PUBLISHED_CHECKS[case]
+    create_orders(db, extra=", __dpone__op text" if skip else "")
+    if skip:
+        execute(db, "UPDATE orders SET __dpone__op = CASE WHEN order_id % 7 = 0 THEN 'delete' ELSE 'upsert' END")
+    if settled_by == "spark":
+        monkeypatch.setattr(direct_sql, "MAX_HASHED_ROWS", 100)
+    quality = f"quality: {{mode: warn, checks: {checks}}}"  # a row-level check judges the rows as published unless told
+    strategy = f"{{mode: incremental_merge, unique_key: customer, duplicate_policy: {policy}}}"
+    options = "{deletes: {when_disabled: skip}}" if skip else "{}"
+    (direct, direct_records), (sql, sql_records) = run_both(broker.bootstrap_servers, spark, tmp_path, monkeypatch, strategy, options, quality)
+    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
+    judged = [(g["phase"], g["name"], g["passed"], g["observed"]) for g in direct.gates]
+    assert judged == [(g["phase"], g["name"], g["passed"], g["observed"]) for g in sql.gates]
+    assert any(g["observed"] for g in direct.gates) == (case != "unique_keep_last"), judged
+    assert messages(direct_records) == messages(sql_records)
 
 
 ROW_CHECKS = """quality:

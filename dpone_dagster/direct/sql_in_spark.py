@@ -26,6 +26,7 @@ from dpone_dagster.direct.sql_task import (
     SqlSettings,
     candidates_in,
     kept_batches,
+    kept_rows,
     messages_of,
     sent,
     without,
@@ -71,6 +72,21 @@ def positioned(kept: pa.RecordBatch, partition: int, row: int, schema: pa.Schema
     columns = {FILE: pa.array(np.full(n, partition, np.int32)), ROW: pa.array(np.arange(row, row + n))}
     columns.update({name: kept.column(name) for name in kept.schema.names})
     return pa.RecordBatch.from_arrays([columns[f.name].cast(f.type) if f.name != REPORT else pa.nulls(n, pa.binary()) for f in schema], schema=schema)
+
+
+def published_rows(
+    settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch], left_out: dict[int, np.ndarray] | None, file: str, row: str
+) -> Iterator[pa.RecordBatch]:
+    """The read rows of one partition that are published, each with its partition and row number
+    as the scan numbered its message (columns `file` and `row`): the rows the scan keeps a message
+    of, but those `left_out` (per partition, sorted; None: none)."""
+    dropped = None if left_out is None else left_out.get(partition)
+    for first, batch in kept_rows(settings.rule, batches):
+        rows = np.arange(first, first + batch.num_rows)
+        numbered = batch.append_column(file, pa.array(np.full(batch.num_rows, partition, np.int32))).append_column(row, pa.array(rows))
+        kept = without(numbered, rows, dropped)
+        if kept.num_rows:
+            yield kept
 
 
 def file_rows(files: list[tuple[int, str]], schema: pa.Schema) -> Iterator[pa.RecordBatch]:

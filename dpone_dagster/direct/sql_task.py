@@ -114,10 +114,10 @@ def messages_of(settings: SqlSettings, batches: Iterator[pa.RecordBatch]) -> Gen
         if settings.max_rows is not None and rows > settings.max_rows:
             refused = f"more than {settings.max_rows:,} rows in one scan task (twice the rows counted when planning, or a share of the bound where none were)"
             break  # Spark ends the read with the task
-        is_delete = pc.fill_null(pc.equal(batch.column(C.OP), C.DELETE), False)
+        is_delete = deletes_of(batch)
         found = int(pc.sum(is_delete).as_py() or 0)
         deletes += found
-        if found and rule.deletes in ("skip", "fail"):  # left out (fail: the driver fails the run)
+        if found and leaves_out_deletes(rule):  # left out (fail: the driver fails the run)
             batch, is_delete = batch.filter(pc.invert(is_delete)), is_delete.filter(pc.invert(is_delete))
         if refused is not None or not batch.num_rows:
             continue
@@ -152,6 +152,27 @@ def messages_of(settings: SqlSettings, batches: Iterator[pa.RecordBatch]) -> Gen
         messages += batch.num_rows
     hashed = TaskHashes.of(hashes) if settings.hashed and not unhashed and refused is None else None
     return SqlReport("", rows, deletes, messages, keyless, keyless_deletes, oversized, tuple(oversized_rows), refused, hashed, unhashed=unhashed)
+
+
+def deletes_of(batch: pa.RecordBatch) -> pa.Array:
+    """Which rows are deletes (an op of `delete`; a null op is not) (pure)."""
+    return pc.fill_null(pc.equal(batch.column(C.OP), C.DELETE), False)
+
+
+def leaves_out_deletes(rule: message.MessageRule) -> bool:
+    """Deletes get no message: skipped, or counted for the driver to fail the run."""
+    return rule.deletes in ("skip", "fail")
+
+
+def kept_rows(rule: message.MessageRule, batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """The read rows the scan keeps a message of, each batch with the row number of its first, as
+    `messages_of` numbers the kept messages (pure)."""
+    row = 0
+    for batch in batches:
+        if leaves_out_deletes(rule):
+            batch = batch.filter(pc.invert(deletes_of(batch)))
+        yield row, batch
+        row += batch.num_rows
 
 
 def candidate_records(files: list[tuple[int, str]], candidates: np.ndarray) -> pa.Table | None:

@@ -56,6 +56,7 @@ from dpone_dagster.engine.sql_kept import (
     Listed,
     kept_messages,
     produce_frame,
+    published_read,
 )
 from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.stages.gates import pre_publish_gates
@@ -177,9 +178,10 @@ def copy(
             if settings.rule.deletes == "skip":
                 result.deletes_skipped = deletes
             expected = sum(r.messages for r in reports) - removed
-            if removed and direct_checks.row_level([c for c in manifest.quality.checks if check_stage(c) == "published"]):
-                raise ToSparkSql("checks of the rows as published, with rows keep_last / keep_first leaves out")
-            published = frame.where(F.col(C.OP) != C.DELETE) if settings.rule.deletes == "skip" else frame
+            published = frame
+            if kept is not None and direct_checks.row_level([c for c in manifest.quality.checks if check_stage(c) == "published"]):
+                dropped = settled.left_out if settled.removed and settled.frame is None else None  # else: the rows listed, produced first
+                published = published_read(settings, kept, dropped, settled.frame if settled.removed else None)
             _gates(manifest, planned, result, expected, "quality_published", "published", log, published)
             _refuse_oversized(store, reports, settled, settings.max_message_bytes)
     except ToSparkSql as exc:

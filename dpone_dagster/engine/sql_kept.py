@@ -87,6 +87,22 @@ def _partition() -> int:
     return context.partitionId()
 
 
+# The published read's partition and row columns (a table may have columns named file or row).
+_FILE, _ROW = "__dpone__kept_file", "__dpone__kept_row"
+
+
+def published_read(settings: sql_task.SqlSettings, read: DataFrame, left_out: dict[int, np.ndarray] | None, settled: DataFrame | None) -> DataFrame:
+    """The kept read's rows as published, for the checks of that stage: those the scan kept a
+    message of (a skipped delete has none), but the rows keep_last / keep_first leave out, listed
+    by the driver (`left_out`) or kept in the messages Spark settled (`settled`). `read` must be
+    the kept read the scan wrote its messages from: rows are matched by partition and number."""
+    schema = StructType([*read.schema.fields, StructField(_FILE, IntegerType()), StructField(_ROW, LongType())])
+    numbered = read.mapInArrow(lambda batches: sql_in_spark.published_rows(settings, _partition(), batches, left_out, _FILE, _ROW), schema)
+    if settled is not None:
+        numbered = numbered.join(settled.select(F.col(FILE).alias(_FILE), F.col(ROW).alias(_ROW)), [_FILE, _ROW], "left_semi")
+    return numbered.drop(_FILE, _ROW)
+
+
 def _rows(batches: list[pa.RecordBatch]) -> list[dict]:
     return [row for batch in batches for row in batch.to_pylist()]
 
