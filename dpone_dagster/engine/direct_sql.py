@@ -15,9 +15,9 @@ In the order of guarantees of every route (engine/run.py):
    messages' source order, duplicate_policy: fail refuses them, and where every row is published
    (an append, duplicate_policy: allow) their rows are listed in source order per key (past the
    driver's bounds, Spark settles them with the Spark SQL path's rules); messages
-   over message.max.bytes refuse the batch. What the Spark SQL path decides with its own rules —
-   messages over message.max.bytes among rows keep_last / keep_first leaves out, values the rule
-   does not write — sends the batch there (read again; nothing was produced).
+   over message.max.bytes among those published refuse the batch. What the Spark SQL path decides
+   with its own rules — values the rule does not write — sends the batch there (read again;
+   nothing was produced).
 3. produce: every gate passed, the registry schema (if any) is registered; one task produces the
    rows of repeated keys listed, in their order, then the tasks produce the rest of the kept
    messages; the delivery reports go to the commit, which moves the watermark.
@@ -178,8 +178,9 @@ def copy(
             if settings.rule.deletes == "skip":
                 result.deletes_skipped = deletes
             expected = sum(r.messages for r in reports) - removed
-            published = frame
-            if kept is not None and direct_checks.row_level([c for c in manifest.quality.checks if check_stage(c) == "published"]):
+            published = frame  # every row the scan read is published, unless a row is left out below
+            leaves_out = settled.removed or sql_task.leaves_out_deletes(settings.rule)
+            if kept is not None and leaves_out and direct_checks.row_level([c for c in manifest.quality.checks if check_stage(c) == "published"]):
                 dropped = settled.left_out if settled.removed and settled.frame is None else None  # else: the rows listed, produced first
                 published = published_read(settings, kept, dropped, settled.frame if settled.removed else None)
             _gates(manifest, planned, result, expected, "quality_published", "published", log, published)
