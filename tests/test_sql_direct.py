@@ -501,6 +501,37 @@ def test_checks_of_the_rows_as_published_judge_the_rows_keep_last_keeps(broker, 
     assert messages(direct_records) == messages(sql_records)
 
 
+@pytest.mark.parametrize("policy", ["keep_last", "keep_first"])
+def test_rows_that_tie_in_source_order_are_kept_alike_by_the_driver_and_by_spark(broker, spark, kafka_env, db, tmp_path, monkeypatch, policy, kept_in):
+    """A full refresh reads no watermark: the two rows of each customer tie in source order. The
+    driver ranks ties by partition and row number; Spark's settlement (past the driver's bounds)
+    ranks them the same way, so the same rows are published whichever settles the keys, and the
+    check of the rows as published (which computes Spark's settlement again) judges those rows:
+    it counts the null amounts that were produced."""
+    from dpone_dagster.engine import direct_sql
+
+    create_orders(db)
+    quality = "quality: {mode: warn, checks: [{type: not_null, columns: [amount]}]}"
+    strategy = f"{{mode: full_refresh, unique_key: customer, duplicate_policy: {policy}}}"
+    published = {}
+    for settled_by in ("driver", "spark"):
+        with monkeypatch.context() as patched:
+            if settled_by == "spark":
+                patched.setattr(direct_sql, "MAX_HASHED_ROWS", 100)
+            dst = unique_topic(f"sqld_ties_{settled_by}")
+            create_topic(broker.bootstrap_servers, dst, 2)
+            result = run_pipeline(parse_manifest(manifest_text(dst, tmp_path / settled_by, strategy, "{}", quality)), spark, RunRequest(run_id="sqld-ties"))
+        records = consume_raw(broker.bootstrap_servers, dst)
+        assert result.execution_path == "direct" and result.messages_produced == len(records) == 151, result.notes
+        values = [json.loads(r["value"]) for r in records]
+        nulls = sum(v["amount"] is None for v in values)
+        assert [g["observed"] for g in result.gates] == [nulls], result.gates
+        published[settled_by] = sorted(v["order_id"] for v in values)
+    # One partition read in the table's order: the later row of a customer is read last.
+    last = policy == "keep_last"
+    assert published["driver"] == published["spark"] == sorted({1, 300, *(2 * k + last for k in range(1, 150))})
+
+
 ROW_CHECKS = """quality:
   mode: warn
   checks:

@@ -417,7 +417,11 @@ def _settle_in_spark(store: KeptMessages, settings: sql_task.SqlSettings, manife
     rows, keys = int(repeats["rows"] or 0), int(repeats["keys"] or 0)
     if not keys:
         return Settled()  # no key repeats: every kept message is produced as it is, without a shuffle
-    settled = dedupe(messages, settings.keep) if settings.keep is not None else ordered_by_key(messages)
+    # Ties in source order are ranked by partition and row, as the driver ranks them: the
+    # settled frame is computed again by each use (checks, size count, produce), and every
+    # computation must keep the same rows.
+    tie_break = (FILE, ROW)
+    settled = dedupe(messages, settings.keep, tie_break) if settings.keep is not None else ordered_by_key(messages, tie_break)
     removed = rows - keys if settings.keep is not None else 0
     return Settled(removed=removed, frame=settled.withColumnsRenamed({v: k for k, v in renamed.items()}))
 

@@ -130,10 +130,11 @@ def keep_winners(keyed: DataFrame, winners: DataFrame) -> DataFrame:
     return joined.where(F.col(WINNER).isNull() | (F.col(C.ORDER) == F.col(WINNER))).drop(WINNER)
 
 
-def dedupe(keyed: DataFrame, policy: str) -> DataFrame:
-    """One row per key by source order; rows without a key are all kept."""
-    order = F.col(C.ORDER).desc() if policy == "keep_last" else F.col(C.ORDER).asc()
-    rank = F.row_number().over(Window.partitionBy(KEY).orderBy(order))
+def dedupe(keyed: DataFrame, policy: str, tie_break: tuple[str, ...] = ()) -> DataFrame:
+    """One row per key by source order, then by the `tie_break` columns (without them, rows whose
+    source order ties are ranked in any order); rows without a key are all kept."""
+    order = [F.col(c).desc() if policy == "keep_last" else F.col(c).asc() for c in (C.ORDER, *tie_break)]
+    rank = F.row_number().over(Window.partitionBy(KEY).orderBy(*order))
     with_key = keyed.where(F.col(KEY).isNotNull()).withColumn("__rank", rank).where("__rank = 1").drop("__rank")
     return with_key.unionByName(keyed.where(F.col(KEY).isNull()))
 
@@ -242,6 +243,7 @@ def _headers(df: DataFrame, sink: KafkaSink) -> Column:
     return headers
 
 
-def ordered_by_key(keyed: DataFrame) -> DataFrame:
-    """Events of one key go to one producing task, in source order, so the topic keeps their order."""
-    return keyed.repartition(F.col(KEY)).sortWithinPartitions(C.ORDER)
+def ordered_by_key(keyed: DataFrame, tie_break: tuple[str, ...] = ()) -> DataFrame:
+    """Events of one key go to one producing task, in source order (then by the `tie_break`
+    columns), so the topic keeps their order."""
+    return keyed.repartition(F.col(KEY)).sortWithinPartitions(C.ORDER, *tie_break)
