@@ -51,7 +51,7 @@ class DirectSettings:
     schema: pa.Schema  # the payload schema, as the read tasks decode it (spark/arrow_json.py)
     key_columns: tuple[int, ...] | None  # fields of a unique_key; None: no key (null)
     hashed: bool  # the driver needs key hashes (de-duplication, per-key order)
-    max_message_bytes: int  # a larger message goes to the Spark SQL path (bad-record policy)
+    max_message_bytes: int  # a larger message is a bad record (source.options.on_error)
     run_id: str
     windows: tuple[WindowRange, ...] = ()  # a time-window read: where late records are counted
     # A registry sink: format, schema, and for protobuf the message indexes and imported files, to
@@ -73,6 +73,10 @@ class DirectSettings:
     # dpone envelope with op delete: `delete_envelope`), or, with deletes disabled, "skip" (left
     # out) or "fail" (counted; the run fails before producing).
     deletes: str = "fail"
+    # keep_last / keep_first or duplicate_policy: fail: the Spark SQL path measures the messages
+    # once repeated keys are settled (the winners only, past the refusal), so a message over
+    # message.max.bytes sends the batch there.
+    settles_keys: bool = False
     delete_envelope: tuple[str, str] | None = None
     # key.mode unique_key: a delete whose key columns give no key takes the source record's key
     # (also when the sink names no unique_key columns, as the Spark SQL path does).
@@ -241,7 +245,7 @@ def _kept_messages(
     lengths = _lengths(settings, partition, messages)
     over = pc.greater(lengths, settings.max_message_bytes)
     if pc.any(over).as_py():
-        if settings.hashed:  # the Spark SQL path measures after de-duplication: the winners only
+        if settings.settles_keys:
             largest = pc.max(lengths).as_py()
             raise Refused(f"a message of {largest} bytes exceeds message.max.bytes {settings.max_message_bytes}")
         aside.append(_aside(raw, pc.is_in(raw.column("offset"), value_set=messages.column("offset").filter(over)), "oversized", lengths.filter(over)))

@@ -337,6 +337,7 @@ def _settings(
             source_envelope=source_envelope,
             registry_source=registry,
             deletes=direct_shape.delete_mode(sink),
+            settles_keys=uses_dedupe(sink) or refuses_duplicates(sink),
             source_key_for_deletes=sink.options.key.mode == "unique_key",
             delete_envelope=envelope_parts(C.DELETE, sink.strategy.mode, run_id, {"topic": source.topic}),
             row_checks=row_checks,
