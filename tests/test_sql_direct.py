@@ -332,6 +332,26 @@ def test_messages_over_the_limit_that_keep_last_leaves_out_are_not_counted(
     assert not any(len(r["value"]) > 4000 for r in direct_records)
 
 
+def test_more_messages_over_the_limit_than_the_driver_lists_go_to_the_spark_sql_path(broker, spark, kafka_env, db, tmp_path, monkeypatch):
+    """Past the oversized messages whose rows the driver lists (the bound lowered to 2), it cannot
+    tell those keep_last leaves out: the batch goes to the Spark SQL path, which publishes it,
+    every oversized order being its customer's earlier one."""
+    from dpone_dagster.engine import direct_sql
+
+    create_orders(db)
+    execute(db, "UPDATE orders SET note = repeat('x', 5000) WHERE order_id % 50 = 0 AND order_id < 300")
+    monkeypatch.setattr(direct_sql, "MAX_OVERSIZED_LISTED", 2)
+    dst = unique_topic("sqld_over_listed")
+    create_topic(broker.bootstrap_servers, dst, 2)
+    strategy = "{mode: incremental_merge, unique_key: customer, duplicate_policy: keep_last}"
+    text = manifest_text(dst, tmp_path, strategy, "{delivery: {producer_config: {message.max.bytes: 4000}}}")
+    result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id="sqld-over-listed"))
+    assert result.execution_path == "spark_sql" and any("more than 2 messages over message.max.bytes" in n for n in result.notes), result.notes
+    records = consume_raw(broker.bootstrap_servers, dst)
+    assert result.messages_produced == len(records) == 151 and not any(len(r["value"]) > 4000 for r in records)
+    assert not kept_directory_exists(spark, result.run_id)
+
+
 @pytest.mark.parametrize(("mode", "policy"), [("incremental_merge", "keep_last"), ("incremental_merge", "keep_first"), ("full_refresh", "keep_last")])
 def test_repeated_keys_are_settled_on_the_direct_path(broker, spark, kafka_env, db, tmp_path, monkeypatch, mode, policy, kept_in):
     """Customer c<i/2> orders twice: keep_last keeps the later row of each customer by the

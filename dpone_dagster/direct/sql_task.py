@@ -62,6 +62,9 @@ class SqlSettings:
     # Keyed rows whose hashes one task reports (engine/direct_sql.MAX_TASK_HASHES): past them it
     # reports none (`unhashed`), and Spark settles the keys that repeat.
     max_hashes: int | None = None
+    # Row numbers of messages over message.max.bytes one task lists (engine/direct_sql
+    # .MAX_OVERSIZED_LISTED): past them it lists none, and the driver hands the batch over.
+    max_oversized_listed: int | None = None
 
     @property
     def keeps_order(self) -> bool:
@@ -79,7 +82,7 @@ class SqlReport:
     keyless: int = 0  # upserts without their unique key
     keyless_deletes: int = 0  # deletes without a key to make their tombstone of
     oversized: int = 0  # messages over message.max.bytes
-    oversized_rows: tuple[int, ...] = ()  # their row numbers among the kept messages
+    oversized_rows: tuple[int, ...] = ()  # their row numbers among the kept messages (all, or none past the bound)
     refused: str | None = None  # a value the rule does not write
     hashes: TaskHashes | None = None
     partition: int = 0  # the Spark partition scanned; kept messages are named by it
@@ -105,7 +108,7 @@ def messages_of(settings: SqlSettings, batches: Iterator[pa.RecordBatch]) -> Gen
     order and sent key where kept); returns the report of the rows (without path or partition).
     Where the messages are kept is the caller's: a file of this host, or Spark's storage."""
     rows = deletes = messages = keyless = keyless_deletes = oversized = 0
-    oversized_rows: list[int] = []  # few: each is over message.max.bytes
+    oversized_rows: list[int] = []  # few (each is over message.max.bytes), and bounded
     hashes: list[np.ndarray] = []
     refused, unhashed = None, False
     rule, names = settings.rule, list(settings.names)
@@ -137,7 +140,10 @@ def messages_of(settings: SqlSettings, batches: Iterator[pa.RecordBatch]) -> Gen
         sizes = pc.add(sent_size(key if sent_key is None else sent_key, settings.key_frame_bytes), sent_size(value, settings.value_frame_bytes))
         over = pc.greater(sizes, settings.max_message_bytes - settings.header_bytes).to_numpy(zero_copy_only=False)
         oversized += int(over.sum())
-        oversized_rows.extend(int(r) + messages for r in np.flatnonzero(over))
+        if settings.max_oversized_listed is None or oversized <= settings.max_oversized_listed:
+            oversized_rows.extend(int(r) + messages for r in np.flatnonzero(over))
+        else:
+            oversized_rows.clear()
         if settings.hashed and not unhashed:
             if settings.max_hashes is not None and messages + batch.num_rows > settings.max_hashes:
                 unhashed, hashes = True, []

@@ -97,6 +97,9 @@ MAX_HASHED_ROWS = 20_000_000
 # Keyed rows whose hashes one scan task reports (64 MiB): a report is one row of a result, and a
 # Spark Connect client takes at most 128 MiB in one message.
 MAX_TASK_HASHES = 8_000_000
+# Messages over message.max.bytes whose row numbers (8 bytes each) come to the driver, to tell
+# those keep_last / keep_first leave out; past them the batch goes to the Spark SQL path.
+MAX_OVERSIZED_LISTED = 1_000_000
 # Keys that may repeat whose rows (key, file, row, order) the driver ranks.
 MAX_CANDIDATES = 1_000_000
 # Rows of keys that may repeat that come to the driver (and, all published, that one task
@@ -288,7 +291,7 @@ def _scan_bounds(
     if tasks is None and planned_rows is None:
         raise ToSparkSql("a read not counted when planning (CDC), on Spark Connect, whose client cannot see its task count to bound each task's rows")
     log(f"extract: {tasks if tasks is not None else 'the'} Spark task(s) write the rows' messages, kept {store.where} (direct path)")
-    settings = replace(settings, max_rows=scan_bound(planned_rows, tasks or 1), max_hashes=MAX_TASK_HASHES)
+    settings = replace(settings, max_rows=scan_bound(planned_rows, tasks or 1), max_hashes=MAX_TASK_HASHES, max_oversized_listed=MAX_OVERSIZED_LISTED)
     return settings, deadline_s(settings.max_rows, READ_WAIT_S, waves(tasks or 1, produce_slots(jobs.spark)))
 
 
@@ -317,6 +320,8 @@ def _refuse_oversized(store: KeptMessages, reports: list[sql_task.SqlReport], se
     the messages de-duplication keeps: those keep_last / keep_first leave out are not counted."""
     oversized = sum(r.oversized for r in reports)
     if oversized and settled.removed:
+        if oversized > MAX_OVERSIZED_LISTED:
+            raise ToSparkSql(f"more than {MAX_OVERSIZED_LISTED:,} messages over message.max.bytes among rows keep_last / keep_first may leave out")
         oversized = _published_oversized(store, reports, settled)
     if oversized:
         raise bad_records.sql_rows_refused(oversized, bad_records.oversized(limit), bad_records.OVERSIZED_FIX)
