@@ -292,3 +292,51 @@ def test_bad_records_and_column_checks_on_the_direct_path_of_a_connect_server(br
     letters = {int(dict(r["headers"])["dpone.error.source.offset"]): r["value"] for r in consume_raw(bs, dlq)}
     assert letters == {5: poison, 6: b'{"amount": 1}'}
     assert LocalStateStore(str(state)).load_offsets(src, "dpone.connect_dbad") == {0: 10}
+
+
+CDC_CLIENT = """
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from _pytest.monkeypatch import MonkeyPatch
+from test_sql_direct import cdc_changes, fake_mssql_cdc
+from dpone_dagster.engine.run import RunRequest, run_pipeline
+from dpone_dagster.manifest import parse_manifest
+from dpone_dagster.spark.session import get_spark
+
+spark = get_spark()
+fake_mssql_cdc(spark, MonkeyPatch(), cdc_changes())
+result = run_pipeline(parse_manifest(open(sys.argv[1]).read()), spark, RunRequest(run_id="connect-cdc"))
+print(json.dumps({"path": result.execution_path, "produced": result.messages_produced, "notes": result.notes}))
+"""
+
+
+def test_an_mssql_cdc_batch_on_the_direct_path_of_a_connect_server(broker, connect_server, tmp_path):
+    """A CDC read is not counted when planning: each scan task's bound is a share of the rows the
+    driver settles, and on Spark Connect the share comes from the reader's own task count (the
+    client cannot see the read's partitions). No SQL Server runs here: the client process cans the
+    LSN queries and the change-table read (tests/test_sql_direct.fake_mssql_cdc, three tasks), the
+    rest runs on the server."""
+    from test_sql_direct import manifest_text
+
+    url, _ = connect_server
+    bs = broker.bootstrap_servers
+    dst = unique_topic("connect_cdc_out")
+    create_topic(bs, dst, 2)
+    path = tmp_path / "connect_cdc.yaml"
+    path.write_text(
+        manifest_text(dst, tmp_path / "state", "{mode: cdc, unique_key: order_id, duplicate_policy: keep_last}", "{deletes: {enabled: true, tombstone: true}}")
+        .replace("type: postgres", "type: mssql")
+        .replace("{schema: public, name: orders}", "{schema: dbo, name: orders}")
+        .replace("{incremental_column: updated_at, batch_size: 100}", "{}")
+    )
+    client = tmp_path / "cdc_client.py"
+    client.write_text(CDC_CLIENT)
+    env = {**os.environ, "KAFKA_CLUSTER_BOOTSTRAP_SERVERS": bs, "DPONE_SPARK_REMOTE": url}
+    run = subprocess.run([sys.executable, str(client), str(path), str(Path(__file__).parent)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    assert summary["path"] == "direct", summary["notes"]
+    records = consume_raw(bs, dst)
+    assert summary["produced"] == len(records) == 66
+    last = {r["key"]: r["value"] for r in sorted(records, key=lambda r: (r["partition"], r["offset"]))}
+    assert json.loads(last[b"1"])["amount"] == 12.5 and last[b"2"] is None and json.loads(last[b"6"])["amount"] == 66.0

@@ -904,7 +904,7 @@ def fake_mssql_cdc(spark: Any, monkeypatch: Any, changes: list[tuple]) -> None:
     monkeypatch.setattr(JdbcTable, "check_driver", lambda self, spark: None)
     monkeypatch.setattr(JdbcTable, "catalog", lambda self, spark: tuple(T.ColumnInfo(*c) for c in CDC_CATALOG))
     monkeypatch.setattr(JdbcTable, "run_query", run_query)
-    monkeypatch.setattr(SqlBatchSource, "_read_jdbc", lambda self, spark, boundary: (raw, "jdbc read (canned CDC rows)"))
+    monkeypatch.setattr(SqlBatchSource, "_read_jdbc", lambda self, spark, boundary: (raw, "jdbc read (canned CDC rows)", 3))
     for key, value in {"SQL_DB_HOST": "sql.invalid", "SQL_DB_USER": "sa", "SQL_DB_PASSWORD": "pw"}.items():
         monkeypatch.setenv(key, value)
 

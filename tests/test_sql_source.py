@@ -915,7 +915,7 @@ def test_cdc_extract_maps_operations_order_and_types(spark):
         f"{T.CDC_START_LSN} string, {T.CDC_SEQVAL} string, {T.CDC_OPERATION} int, order_id int, "
         "amount decimal(19,4), updated_at string",
     )
-    source._read_jdbc = lambda spark, boundary: (raw, "jdbc read in one partition")  # type: ignore[method-assign]
+    source._read_jdbc = lambda spark, boundary: (raw, "jdbc read in one partition", 1)  # type: ignore[method-assign]
     result = source.extract(spark, boundary)
     assert [(f.name, f.dataType.simpleString()) for f in result.schema.fields] == [
         ("order_id", "int"),

@@ -163,7 +163,7 @@ def copy(
     kept = None
     try:
         with stage(result, "extract", log):
-            settings, seconds = _scan_bounds(jobs, store, settings, frame, total, log)
+            settings, seconds = _scan_bounds(jobs, store, settings, frame, total, extracted.tasks, log)
             if direct_checks.row_level(manifest.quality.checks):  # they judge the rows the scan writes: the read is kept for both
                 frame = kept = store.keep_read(frame, seconds)
             reports = store.scan(settings, frame.select(*settings.names, C.OP, *([C.ORDER] if settings.keeps_order else [])), seconds)
@@ -282,12 +282,19 @@ def scan_bound(planned_rows: int | None, tasks: int) -> int:
 
 
 def _scan_bounds(
-    jobs: BoundedJobs, store: KeptMessages, settings: sql_task.SqlSettings, frame: DataFrame, planned_rows: int | None, log: Log
+    jobs: BoundedJobs,
+    store: KeptMessages,
+    settings: sql_task.SqlSettings,
+    frame: DataFrame,
+    planned_rows: int | None,
+    read_tasks: int | None,
+    log: Log,
 ) -> tuple[sql_task.SqlSettings, float]:
     """The rows each scan task may read (`scan_bound`, in the settings: a task that reads more
     stops and refuses the batch) and the time the scan may take to read them, at the floor rate
-    of spark/jobs.py."""
-    tasks = partition_count(frame)
+    of spark/jobs.py. The task count is the session's, or on Spark Connect the reader's
+    (`read_tasks`)."""
+    tasks = partition_count(frame) or read_tasks
     if tasks is None and planned_rows is None:
         raise ToSparkSql("a read not counted when planning (CDC), on Spark Connect, whose client cannot see its task count to bound each task's rows")
     log(f"extract: {tasks if tasks is not None else 'the'} Spark task(s) write the rows' messages, kept {store.where} (direct path)")

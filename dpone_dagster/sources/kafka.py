@@ -59,6 +59,9 @@ class ExtractResult:
     # before keeping; each pass then renames its columns (see engine.run._stage_batch).
     records: DataFrame | None = None
     decode_kept: Callable[[DataFrame], tuple[DataFrame, Callable[[], DataFrame]]] | None = None
+    # The read's task count where the reader fixes it (a JDBC read in one partition, or by hash
+    # predicates): a Spark Connect client cannot see it otherwise without running the read.
+    tasks: int | None = None
 
     @cached_property
     def df(self) -> DataFrame:

@@ -144,7 +144,7 @@ class SqlBatchSource(JdbcTable):
         mode = self.options.export_mode
         if self._export is not None and self._export[0] is boundary:
             return self._export[1]
-        notes = list(boundary.notes)
+        notes, tasks = list(boundary.notes), None
         if mode == "bcp":
             raw = read_bcp(self, spark, boundary, log)
             notes.append(
@@ -154,15 +154,17 @@ class SqlBatchSource(JdbcTable):
             raw = read_pyodbc(self, spark, boundary, log)
             notes.append("export_mode pyodbc: rows fetched on the Spark driver (for small tables)")
         else:
-            raw, how = self._read_jdbc(spark, boundary)
+            raw, how, tasks = self._read_jdbc(spark, boundary)
             notes.append(how)
         df, schema = self._finish(raw, boundary)
-        result = ExtractResult(lambda: df, schema=schema, envelope="flat", notes=notes)
+        result = ExtractResult(lambda: df, schema=schema, envelope="flat", notes=notes, tasks=tasks)
         if mode in ("bcp", "pyodbc"):
             self._export = (boundary, result)
         return result
 
-    def _read_jdbc(self, spark: SparkSession, boundary: SqlBoundary) -> tuple[DataFrame, str]:
+    def _read_jdbc(self, spark: SparkSession, boundary: SqlBoundary) -> tuple[DataFrame, str, int | None]:
+        """The read, how it is split, and its task count where that is fixed (a range read may
+        have fewer partitions than asked, when the range is narrower)."""
         column, n = self.options.partition_column, self.options.num_partitions
         if column and n > 1 and not boundary.empty and boundary.method != "cdc":
             info = self.find_column(
@@ -183,7 +185,7 @@ class SqlBatchSource(JdbcTable):
                         .option("numPartitions", str(n))
                     )
                     df = self.load(reader, "read the table")
-                    return df, f"jdbc read in {n} partitions by range of {column} [{lower}, {upper}]"
+                    return df, f"jdbc read in {n} partitions by range of {column} [{lower}, {upper}]", None
             else:
                 predicates = T.hash_predicates(self.dialect, column, n)
                 props = {**self.properties(), "driver": self.driver_class()}
@@ -191,9 +193,9 @@ class SqlBatchSource(JdbcTable):
                     df = spark.read.jdbc(self.jdbc_url(), subquery, predicates=predicates, properties=props)
                 except Exception as exc:  # noqa: BLE001 - classified below
                     raise self.jdbc_error(exc, "read the table") from None
-                return df, f"jdbc read in {n} partitions by hash of {column}"
+                return df, f"jdbc read in {n} partitions by hash of {column}", len(predicates)
         reader = self.reader(spark).option("query", boundary.query)
-        return self.load(reader, "read the table"), "jdbc read in one partition"
+        return self.load(reader, "read the table"), "jdbc read in one partition", 1
 
     def _partition_bounds(
         self, spark: SparkSession, boundary: SqlBoundary, column: str, kind: str
