@@ -513,6 +513,7 @@ TYPED = {"type": "record", "name": "Payment", "namespace": "shop", "fields": [
     {"name": "due", "type": ["null", {"type": "int", "logicalType": "date"}]},
     {"name": "blob", "type": ["null", "bytes"]},
     {"name": "note", "type": ["null", "string"]},
+    {"name": "ratio", "type": ["null", "float"]},
 ]}
 
 
@@ -532,6 +533,7 @@ def typed_rows(n: int) -> list[dict[str, Any]]:
             "due": None if i % 6 == 0 else date(2026, 1, 1) + timedelta(days=i),
             "blob": None if i % 8 == 0 else bytes([i % 256, 255, 0]),
             "note": f"n{i} é",
+            "ratio": None if i % 13 == 0 else i / 7 - 20,  # a float: Float.toString in Spark's JSON
         }
         for i in range(n)
     ]
@@ -547,8 +549,8 @@ def typed_rows(n: int) -> list[dict[str, Any]]:
     ],
 )
 def test_avro_logical_types_take_the_direct_path_with_the_spark_sql_paths_messages(broker, spark, kafka_env, tmp_path, monkeypatch, strategy, sink):
-    """An Avro source whose values hold decimals, timestamps (micros, millis), dates, bytes and
-    ints — what a database's change feed writes — decoded and written in the tasks: JSON in the
+    """An Avro source whose values hold decimals, timestamps (micros, millis), dates, bytes, floats
+    and ints — what a database's change feed writes — decoded and written in the tasks: JSON in the
     dpone envelope, Avro through the registry, a timestamp as the key, a row hash; the same
     messages on both paths."""
     bs = broker.bootstrap_servers

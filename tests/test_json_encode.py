@@ -19,6 +19,7 @@ from pyspark.sql.types import (
     DateType,
     DecimalType,
     DoubleType,
+    FloatType,
     IntegerType,
     LongType,
     ShortType,
@@ -28,7 +29,15 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from dpone_dagster.sinks.json_encode import Unencodable, encode, encode_object, java_double, json_string
+from dpone_dagster.sinks.json_encode import (
+    PYTHON,
+    Unencodable,
+    encode,
+    encode_object,
+    java_double,
+    java_float,
+    json_string,
+)
 from dpone_dagster.sinks.kafka_messages import JSON_WRITE_OPTIONS
 from dpone_dagster.spark.arrow_json import arrow_schema
 
@@ -126,6 +135,33 @@ def test_doubles_match_java_between_1e_307_and_1e16(spark):
     assert encode(pa.array(values)).to_pylist() == [java_double(v) for v in values]
 
 
+def test_floats_match_java_between_1e_37_and_1e7(spark):
+    """Floats (a SQL real, an Avro or protobuf float) from random bit patterns of both signs, as
+    Spark's to_json writes them (Java's Float.toString): shortest float digits in that range."""
+    import numpy as np
+
+    rng = np.random.default_rng(37)
+    low, high = (int(np.array([v], np.float32).view(np.uint32)[0]) for v in (1e-37, 1e7))
+    bits = rng.integers(low + 1, high, 100_000, dtype=np.uint32) | (rng.integers(0, 2, 100_000, dtype=np.uint32) << 31)
+    values = pa.array(np.concatenate([bits.view(np.float32), np.array([0.0, -0.0, 1.0, 0.1, 1e-3, 9999999.0, 16777216.0 / 4], np.float32)]))
+    frame = spark.createDataFrame(pa.table({"x": values}).to_pandas(), "x float")
+    java = [r[0][5:-1] for r in frame.select(F.to_json(F.struct("x"))).collect()]
+    assert [java_float(v) for v in values.to_pylist()] == java
+    assert encode(values).to_pylist() == java
+    assert encode(values, PYTHON).to_pylist()[-7:] == ["0.0", "-0.0", "1.0", "0.10000000149011612", "0.0010000000474974513", "9999999.0", "4194304.0"]
+
+
+def test_large_floats_are_refused_not_guessed():
+    import numpy as np
+
+    with pytest.raises(Unencodable, match="a float of magnitude 1e7 or more, below 1e-37"):
+        encode(pa.array(np.array([1.5, 1.7272904e9], np.float32)))  # Java 17 prints 1.72729037E9
+    with pytest.raises(Unencodable):
+        encode(pa.array(np.array([1e-38], np.float32)))
+    with pytest.raises(Unencodable):
+        encode(pa.array(np.array([np.nan, 2.5], np.float32)))
+
+
 def test_large_doubles_are_refused_not_guessed():
     with pytest.raises(Unencodable):
         encode(pa.array([1.5, 6.960309306789904e18]))  # Java 17 prints -6.9603093067899044E18
@@ -177,6 +213,7 @@ SQL_TYPES = StructType(
         StructField("at", TimestampType()),
         StructField("on", DateType()),
         StructField("blob", BinaryType()),
+        StructField("ratio", FloatType()),  # a real: Float.toString
     ]
 )
 
@@ -194,6 +231,7 @@ def _sql_row(rng: random.Random) -> tuple:
         maybe(datetime(1970, 1, 1, tzinfo=UTC) + timedelta(seconds=seconds, microseconds=rng.choice([0, 500_000, rng.randint(0, 999_999)]))),
         maybe(date(1, 1, 1) + timedelta(days=rng.randint(0, 3_652_058))),
         maybe(bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 7)))),
+        maybe(rng.choice([0.0, -0.0, 0.1, rng.uniform(-9e6, 9e6), rng.uniform(-1e-3, 1e-3), rng.uniform(1e-30, 1e-20)])),
     )
 
 

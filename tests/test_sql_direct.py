@@ -78,11 +78,12 @@ def create_orders(db: dict[str, Any], rows: int = 300, extra: str = "") -> None:
     execute(
         db,
         "CREATE TABLE orders (order_id bigint PRIMARY KEY, customer text, amount numeric(12,2), fine numeric(20,10), "
-        "rate double precision, placed_at timestamp, placed_on date, flag boolean, blob bytea, note text, "
+        "rate double precision, placed_at timestamp, placed_on date, flag boolean, blob bytea, note text, ratio real, "
         f"updated_at timestamp NOT NULL{extra})",
         "INSERT INTO orders SELECT i, 'c' || (i / 2), CASE WHEN i % 11 = 0 THEN NULL ELSE (i * 13.37)::numeric(12,2) END, "
         "CASE WHEN i % 3 = 0 THEN 0 ELSE i * 0.0000001 END, i / 7.0, timestamp '2026-01-01' + i * interval '61.5 second', "
         "date '2026-01-01' + i, i % 2 = 0, decode(lpad(to_hex(i), 4, '0'), 'hex'), 'n' || i || ' é\"q', "
+        "CASE WHEN i % 13 = 0 THEN NULL ELSE i / 7.0 - 20 END, "
         f"timestamp '2026-01-02' + i * interval '1 second' FROM generate_series(1, {rows}) AS i",
     )
 
@@ -133,6 +134,7 @@ SINKS = {
     "hash_row": ("{mode: incremental_append}", "{key: {mode: hash_row}}"),
     "null_key": ("{mode: incremental_append}", '{key: {mode: "null"}}'),
     "composite_key": ("{mode: incremental_append, unique_key: [customer, placed_on]}", "{}"),
+    "composite_key_with_a_real": ("{mode: incremental_append, unique_key: [customer, ratio]}", "{}"),
     "timestamp_key": ("{mode: incremental_append, unique_key: placed_at}", "{}"),
     "full_refresh": ("{mode: full_refresh, unique_key: order_id}", "{}"),
 }

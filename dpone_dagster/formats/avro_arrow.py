@@ -93,6 +93,8 @@ def _plain(column: pa.Array, kind: Any) -> pa.Array:
         return zigzag_varints(column.to_numpy(zero_copy_only=False).astype(np.int64))
     if name == "double" and pa.types.is_float64(arrow):
         return _fixed(np.ascontiguousarray(column.to_numpy(zero_copy_only=False), dtype="<f8").view(np.uint8), 8)
+    if name == "float" and pa.types.is_float32(arrow):
+        return _fixed(np.ascontiguousarray(column.to_numpy(zero_copy_only=False), dtype="<f4").view(np.uint8), 4)
     if name == "boolean" and pa.types.is_boolean(arrow):
         return _fixed(column.to_numpy(zero_copy_only=False).astype(np.uint8), 1)
     if name == "string" and pa.types.is_string(arrow):

@@ -4,9 +4,10 @@ the sink's options (`kafka_messages.JSON_WRITE_OPTIONS`: null fields kept), insi
 The direct path (dpone_dagster/direct/) shapes messages here instead of in the JVM, so the bytes
 must not depend on the path a run took. Spark writes through Jackson: strings escape `"`, `\\` and
 control characters (`\\b \\t \\n \\f \\r`, otherwise `\\u00XX` in upper case); doubles are Java's
-`Double.toString`. Java 17 prints the shortest round-trip digits for 1e-307 <= |d| < 1e16 (checked
-against Spark on millions of values, tests/test_json_encode.py) but not always outside, so such a
-double makes the batch unencodable (`Unencodable`) and the run takes the Spark SQL path.
+`Double.toString`, floats `Float.toString`. Java 17 prints the shortest round-trip digits for
+1e-307 <= |d| < 1e16 and 1e-37 <= |f| < 1e7 (checked against Spark on millions of values,
+tests/test_json_encode.py) but not always outside, so such a value makes the batch unencodable
+(`Unencodable`) and the run takes the Spark SQL path.
 
 Every step is a vectorised Arrow kernel; values that need a rare rule (an escape, a double outside
 [1e-3, 1e7)) are formatted in Python one by one. The types a SQL source or a registry source adds
@@ -39,6 +40,9 @@ _NEEDS_ESCAPE = '["\\\\\\x00-\\x1f]'  # a regex class: quote, backslash, control
 # Java 17's Double.toString prints the shortest repr between these magnitudes (not for some
 # subnormals: 4.9E-324 for 5e-324).
 _EXACT_DOUBLES = (1e-307, 1e16)
+# Java 17's Float.toString prints the shortest float digits between these (more digits from 1e7:
+# 1.72729037E9 for 1.7272904E9), checked against Spark on random float bit patterns.
+_EXACT_FLOATS = (1e-37, 1e7)
 
 
 def json_string(text: str) -> str:
@@ -66,11 +70,23 @@ def _quoted(text: str, hex_case: str) -> str:
 def java_double(value: float) -> str:
     """Java's `Double.toString(value)` for 0 and 1e-307 <= |value| < 1e16: the shortest digits that read
     back as `value`, plain between 1e-3 and 1e7, otherwise `d.dddE<exponent>`."""
+    return _java_form(value, repr(abs(value)))
+
+
+def java_float(value: float) -> str:
+    """Java's `Float.toString(value)` for 0 and 1e-37 <= |value| < 1e7: the shortest digits that read
+    back as the same float32, in `java_double`'s form."""
+    return _java_form(value, np.format_float_scientific(np.float32(abs(value)), unique=True))
+
+
+def _java_form(value: float, shortest: str) -> str:
+    """`value` in Java's form, from the shortest digits of its magnitude (`shortest`: Python's
+    `1.5e-05`, `0.1` or numpy's `1.e-01`)."""
     if value == 0:
-        return "-0.0" if repr(value).startswith("-") else "0.0"
+        return "-0.0" if np.signbit(value) else "0.0"
     sign = "-" if value < 0 else ""
     magnitude = abs(value)
-    mantissa, _, exp_text = f"{magnitude!r}".partition("e")
+    mantissa, _, exp_text = shortest.partition("e")
     digits_text = mantissa.replace(".", "")
     point = (mantissa.index(".") if "." in mantissa else len(mantissa)) + (int(exp_text) if exp_text else 0)
     stripped = digits_text.lstrip("0")
@@ -91,6 +107,7 @@ class Flavor:
 
     string: Callable[[str], str]  # a string literal, quotes included
     doubles: Callable[[pa.Array], pa.Array]
+    floats: Callable[[pa.Array], pa.Array]
 
 
 def encode(array: pa.Array, flavor: Flavor | None = None) -> pa.Array:
@@ -104,6 +121,8 @@ def encode(array: pa.Array, flavor: Flavor | None = None) -> pa.Array:
         return pc.if_else(array, "true", "false")
     if pa.types.is_float64(kind):
         return flavor.doubles(array)
+    if pa.types.is_float32(kind):
+        return flavor.floats(array)
     if pa.types.is_string(kind):
         return pc.binary_join_element_wise('"', _escaped(array, flavor), '"', "")
     if pa.types.is_list(kind):
@@ -220,12 +239,22 @@ def _escaped(array: pa.Array, flavor: Flavor) -> pa.Array:
 
 
 def _doubles(array: pa.Array) -> pa.Array:
+    return _java_numbers(array, _EXACT_DOUBLES, "double", java_double)
+
+
+def _floats(array: pa.Array) -> pa.Array:
+    return _java_numbers(array, _EXACT_FLOATS, "float", java_float)
+
+
+def _java_numbers(array: pa.Array, exact: tuple[float, float], kind: str, java: Callable[[float], str]) -> pa.Array:
+    """Each value as Java's `toString` of its type (`java`) writes it; Unencodable past the
+    magnitudes where that is the shortest digits (`exact`)."""
     magnitude = pc.abs(array)
     if array.null_count != len(array):
-        smallest, largest = _EXACT_DOUBLES
+        smallest, largest = exact
         nonzero = pc.if_else(pc.equal(magnitude, 0.0), smallest, magnitude)
         if not pc.all(pc.is_finite(array)).as_py() or not smallest <= pc.min(nonzero).as_py() <= pc.max(magnitude).as_py() < largest:
-            raise Unencodable("a double of magnitude 1e16 or more, below 1e-307, or not finite")
+            raise Unencodable(f"a {kind} of magnitude 1e{round(np.log10(largest))} or more, below 1e{round(np.log10(smallest))}, or not finite")
     text = pc.cast(array, pa.string())
     # Arrow writes the same shortest digits; in the plain range only ".0" for whole numbers differs.
     plain = pc.or_(
@@ -238,7 +267,7 @@ def _doubles(array: pa.Array) -> pa.Array:
     if not pc.any(rare).as_py():
         return text
     values = pc.filter(array, rare).to_pylist()
-    return pc.replace_with_mask(text, rare, pa.array([java_double(v) for v in values], pa.string()))
+    return pc.replace_with_mask(text, rare, pa.array([java(v) for v in values], pa.string()))
 
 
 def _python_doubles(array: pa.Array) -> pa.Array:
@@ -261,5 +290,10 @@ def _lists(array: pa.Array, flavor: Flavor) -> pa.Array:
     return pc.if_else(array.is_valid(), joined, pa.scalar(None, pa.string()))
 
 
-SPARK = Flavor(json_string, _doubles)
-PYTHON = Flavor(python_string, _python_doubles)
+def _python_floats(array: pa.Array) -> pa.Array:
+    """A float as Python holds it once a Spark row hands it over: widened to a double."""
+    return _python_doubles(pc.cast(array, pa.float64()))
+
+
+SPARK = Flavor(json_string, _doubles, _floats)
+PYTHON = Flavor(python_string, _python_doubles, _python_floats)
