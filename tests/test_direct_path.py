@@ -569,6 +569,48 @@ def test_avro_logical_types_take_the_direct_path_with_the_spark_sql_paths_messag
     assert len(direct_records) == 300 - direct.deletes_skipped
 
 
+MAPPED = {"type": "record", "name": "Tagged", "namespace": "shop", "fields": [
+    {"name": "order_id", "type": "long"},
+    {"name": "attrs", "type": ["null", {"type": "map", "values": ["null", "string"]}]},
+    {"name": "counts", "type": {"type": "map", "values": "long"}},
+]}
+
+
+@pytest.mark.parametrize(
+    ("strategy", "sink"),
+    [
+        ("{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}", ""),
+        ("{mode: incremental_append, unique_key: order_id}", "envelope: dpone, headers: {lineage: true}"),
+        ("{mode: incremental_append}", "key: {mode: hash_row}, deletes: {enabled: false, when_disabled: skip}"),
+        ("{mode: incremental_append, unique_key: order_id}", "message_format: avro, schema_registry: {enabled: true}"),
+    ],
+)
+def test_avro_maps_take_the_direct_path_with_the_spark_sql_paths_messages(broker, spark, kafka_env, tmp_path, monkeypatch, strategy, sink):
+    """An Avro source with map fields (entries in the writer's order, null values, escaped keys,
+    empty maps): decoded record by record as on the Spark SQL path, written in the tasks; the
+    same messages on both paths."""
+    bs = broker.bootstrap_servers
+    url, src = registry_topic(bs, monkeypatch)
+    rows = [
+        {
+            "order_id": i,
+            "attrs": None if i % 5 == 0 else {"k" + str(j) + ('"' if i % 7 == 0 else ""): (None if (i + j) % 4 == 0 else f"v{i}") for j in range(i % 4)},
+            "counts": {f"c{j}": i * j for j in range(i % 3)},
+        }
+        for i in range(300)
+    ]
+    produce_registry(bs, url, src, "avro", rows, MAPPED, tombstones=(11,))
+    if "deletes" not in sink:
+        sink = ", ".join(x for x in (sink, "deletes: {enabled: true, tombstone: true}") if x)
+    source = "message_format: avro, schema_registry: {enabled: true}"
+    (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path, monkeypatch, strategy, sink, 2, source)
+    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
+    assert direct.rows_extracted == sql.rows_extracted == 300
+    framed = "avro" in sink
+    assert normalized(direct, direct_records, framed) == normalized(sql, sql_records, framed)
+    assert framed or any(b'"attrs":{"k0":"v3","k1":null,"k2":"v3"}' in (r["value"] or b"") for r in direct_records)
+
+
 def test_a_registry_batch_of_old_versions_only_takes_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch):
     """The subject holds v1 and v2 (a new field); a batch of v1 records merges into v1's fields
     only on the Spark SQL path, so the direct path hands it over and the output is the same.

@@ -22,6 +22,7 @@ from pyspark.sql.types import (
     FloatType,
     IntegerType,
     LongType,
+    MapType,
     ShortType,
     StringType,
     StructField,
@@ -149,6 +150,51 @@ def test_floats_match_java_between_1e_37_and_1e7(spark):
     assert [java_float(v) for v in values.to_pylist()] == java
     assert encode(values).to_pylist() == java
     assert encode(values, PYTHON).to_pylist()[-7:] == ["0.0", "-0.0", "1.0", "0.10000000149011612", "0.0010000000474974513", "9999999.0", "4194304.0"]
+
+
+MAPS = StructType(
+    [
+        StructField("attrs", MapType(StringType(), StringType(), True)),
+        StructField("counts", MapType(StringType(), LongType(), False)),
+        StructField("by_id", MapType(IntegerType(), ArrayType(DoubleType()), True)),
+        StructField("nested", ArrayType(MapType(StringType(), MapType(StringType(), BooleanType())))),
+    ]
+)
+
+
+def _map_row(rng: random.Random) -> tuple:
+    maybe = lambda v: None if rng.random() < 0.15 else v  # noqa: E731
+    text = lambda: rng.choice(["", "a", 'q"\\', "\n\u2028é", "k" * rng.randint(1, 4)])  # noqa: E731
+    return (
+        maybe({text() + str(i): maybe(text()) for i in range(rng.randint(0, 4))}),
+        maybe({f"c{i}": rng.randint(-(2**40), 2**40) for i in range(rng.randint(0, 3))}),
+        maybe({rng.randint(-5, 5): maybe([rng.choice([0.5, -1.0, 1e-5])]) for _ in range(rng.randint(0, 3))}),
+        maybe([maybe({"m": maybe({"t": rng.random() < 0.5})}) for _ in range(rng.randint(0, 2))]),
+    )
+
+
+def test_maps_are_written_as_spark_writes_them(spark):
+    """Maps (an Avro or protobuf map from a registry source) from the Arrow batches Spark hands to
+    Python, in slices: an object of the entries in their order, null values written, an integer
+    key as its text; against Spark's to_json on the same rows, and the JSON Schema sink's encoder for the
+    Python flavour."""
+    from dpone_dagster.schema.json_schema import encode_json, to_json_value
+
+    rng = random.Random(20261128)
+    frame = spark.createDataFrame([_map_row(rng) for _ in range(5_000)], MAPS).cache()
+    expected = [r[0] for r in frame.select(F.to_json(F.struct(*MAPS.names), JSON_WRITE_OPTIONS)).collect()]
+    table = frame.toArrow()
+    got: list[str] = []
+    for start in range(0, table.num_rows, 700):
+        batch = table.slice(start, 700)
+        got.extend(encode_object([batch.column(i).combine_chunks() for i in range(batch.num_columns)], MAPS.names).to_pylist())
+    assert [(g, e) for g, e in zip(got, expected, strict=True) if g != e][:5] == []
+    # The JSON Schema sink's values on the Spark SQL path: the Arrow rows, maps in their order.
+    python = encode_object([table.column(i).combine_chunks() for i in range(table.num_columns)], MAPS.names, PYTHON).to_pylist()
+    assert python == [encode_json(to_json_value(r, MAPS)).decode() for r in table.to_pylist()]
+    frame.unpersist()
+    with pytest.raises(Unencodable, match="a map keyed by double"):
+        encode(pa.array([[(1.5, 1)]], pa.map_(pa.float64(), pa.int64())))
 
 
 def test_large_floats_are_refused_not_guessed():

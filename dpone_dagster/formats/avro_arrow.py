@@ -173,4 +173,6 @@ def _fill_deep(column: pa.Array) -> pa.Array:
         return pc.fill_null(column, "")
     if pa.types.is_boolean(kind):
         return pc.fill_null(column, False)
-    return pc.fill_null(column, pa.scalar(0, kind))
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return pc.fill_null(column, pa.scalar(0, kind))
+    raise Unsupported(f"a nullable {kind}")  # `_plain` writes no other type: the row encoder does

@@ -125,6 +125,8 @@ def encode(array: pa.Array, flavor: Flavor | None = None) -> pa.Array:
         return flavor.floats(array)
     if pa.types.is_string(kind):
         return pc.binary_join_element_wise('"', _escaped(array, flavor), '"', "")
+    if pa.types.is_map(kind):
+        return _maps(array, flavor)
     if pa.types.is_list(kind):
         return _lists(array, flavor)
     if pa.types.is_struct(kind):
@@ -279,12 +281,32 @@ def _python_doubles(array: pa.Array) -> pa.Array:
 
 
 def _lists(array: pa.Array, flavor: Flavor) -> pa.Array:
+    return _joined(array, lambda values: _or_null(encode(values, flavor)), "[", "]")
+
+
+def _maps(array: pa.Array, flavor: Flavor) -> pa.Array:
+    """A map as an object of its entries in their order, a null value written (Spark writes each
+    key's text as the field name: a string's, or a signed integer's)."""
+    kind = array.type
+    if not (pa.types.is_string(kind.key_type) or pa.types.is_signed_integer(kind.key_type)):
+        raise Unencodable(f"a map keyed by {kind.key_type}")
+
+    def pairs(entries: pa.Array) -> pa.Array:
+        keys, values = entries.flatten()
+        names = keys if pa.types.is_string(keys.type) else pc.cast(keys, pa.string())
+        return pc.binary_join_element_wise('"', _escaped(names, flavor), '":', _or_null(encode(values, flavor)), "")
+
+    return _joined(array.cast(pa.list_(pa.struct([kind.key_field, kind.item_field]))), pairs, "{", "}")
+
+
+def _joined(array: pa.Array, encoded: Callable[[pa.Array], pa.Array], opening: str, closing: str) -> pa.Array:
+    """Each list of `array` as its items' texts (`encoded`) joined by commas between `opening`
+    and `closing`; a null list stays null."""
     offsets = array.offsets
     if array.offset or offsets[0].as_py():
         offsets = pc.subtract(offsets, offsets[0])
-    values = _or_null(encode(array.flatten(), flavor))
-    lists = pa.ListArray.from_arrays(offsets, values)
-    joined = pc.binary_join_element_wise("[", pc.binary_join(lists, ","), "]", "")
+    lists = pa.ListArray.from_arrays(offsets, encoded(array.flatten()))
+    joined = pc.binary_join_element_wise(opening, pc.binary_join(lists, ","), closing, "")
     if not array.null_count:
         return joined
     return pc.if_else(array.is_valid(), joined, pa.scalar(None, pa.string()))
