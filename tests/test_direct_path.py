@@ -539,6 +539,20 @@ def typed_rows(n: int) -> list[dict[str, Any]]:
     ]
 
 
+def avro_runs(bs: str, spark: Any, tmp_path: Path, monkeypatch: Any, rows: list[dict[str, Any]], schema: dict[str, Any], strategy: str, sink: str) -> tuple:
+    """`rows` written with the Avro `schema` (order 11 a tombstone) and run on both paths, each of
+    which reads every record: ((direct, records), (spark_sql, records), the sink options run)."""
+    url, src = registry_topic(bs, monkeypatch)
+    produce_registry(bs, url, src, "avro", rows, schema, tombstones=(11,))
+    if "deletes" not in sink:
+        sink = ", ".join(x for x in (sink, "deletes: {enabled: true, tombstone: true}") if x)
+    source = "message_format: avro, schema_registry: {enabled: true}"
+    (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path, monkeypatch, strategy, sink, 2, source)
+    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
+    assert direct.rows_extracted == sql.rows_extracted == len(rows)
+    return (direct, direct_records), (sql, sql_records), sink
+
+
 @pytest.mark.parametrize(
     ("strategy", "sink"),
     [
@@ -553,15 +567,7 @@ def test_avro_logical_types_take_the_direct_path_with_the_spark_sql_paths_messag
     and ints — what a database's change feed writes — decoded and written in the tasks: JSON in the
     dpone envelope, Avro through the registry, a timestamp as the key, a row hash; the same
     messages on both paths."""
-    bs = broker.bootstrap_servers
-    url, src = registry_topic(bs, monkeypatch)
-    produce_registry(bs, url, src, "avro", typed_rows(300), TYPED, tombstones=(11,))
-    if "deletes" not in sink:
-        sink = ", ".join(x for x in (sink, "deletes: {enabled: true, tombstone: true}") if x)
-    source = "message_format: avro, schema_registry: {enabled: true}"
-    (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path, monkeypatch, strategy, sink, 2, source)
-    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
-    assert direct.rows_extracted == sql.rows_extracted == 300
+    (direct, direct_records), (sql, sql_records), sink = avro_runs(broker.bootstrap_servers, spark, tmp_path, monkeypatch, typed_rows(300), TYPED, strategy, sink)
     # The tasks read these values column by column (formats/avro_columns.py), the Spark SQL path record by record.
     assert avro_columns.reader(1, json.dumps(TYPED), registry_source.arrow_schema(avro_to_spark(TYPED))) is not None
 
@@ -589,8 +595,6 @@ def test_avro_maps_take_the_direct_path_with_the_spark_sql_paths_messages(broker
     """An Avro source with map fields (entries in the writer's order, null values, escaped keys,
     empty maps): decoded record by record as on the Spark SQL path, written in the tasks; the
     same messages on both paths."""
-    bs = broker.bootstrap_servers
-    url, src = registry_topic(bs, monkeypatch)
     rows = [
         {
             "order_id": i,
@@ -599,13 +603,7 @@ def test_avro_maps_take_the_direct_path_with_the_spark_sql_paths_messages(broker
         }
         for i in range(300)
     ]
-    produce_registry(bs, url, src, "avro", rows, MAPPED, tombstones=(11,))
-    if "deletes" not in sink:
-        sink = ", ".join(x for x in (sink, "deletes: {enabled: true, tombstone: true}") if x)
-    source = "message_format: avro, schema_registry: {enabled: true}"
-    (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path, monkeypatch, strategy, sink, 2, source)
-    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
-    assert direct.rows_extracted == sql.rows_extracted == 300
+    (direct, direct_records), (sql, sql_records), sink = avro_runs(broker.bootstrap_servers, spark, tmp_path, monkeypatch, rows, MAPPED, strategy, sink)
     framed = "avro" in sink
     assert normalized(direct, direct_records, framed) == normalized(sql, sql_records, framed)
     assert framed or any(b'"attrs":{"k0":"v3","k1":null,"k2":"v3"}' in (r["value"] or b"") for r in direct_records)
