@@ -197,6 +197,36 @@ def test_maps_are_written_as_spark_writes_them(spark):
         encode(pa.array([[(1.5, 1)]], pa.map_(pa.float64(), pa.int64())))
 
 
+@pytest.mark.parametrize(("kind", "powers"), [("double", range(-1020, 54)), ("float", range(-122, 24))])
+def test_powers_of_two_are_written_as_java_writes_them_or_refused(spark, kind, powers):
+    """Java 17 narrows its rounding interval for a power of two and then prints more digits than
+    the shortest below 1e-3 (5.9604644775390625E-8 for 2^-24): each power of two in range is
+    written as Spark writes it, or refused (only below 1e-3)."""
+    import numpy as np
+
+    values = np.array([2.0**k for k in powers], np.float64 if kind == "double" else np.float32)
+    frame = spark.createDataFrame(pa.table({"x": values}).to_pandas(), f"x {kind}")
+    java = [r[0][5:-1] for r in frame.select(F.to_json(F.struct("x"))).collect()]
+    refused = []
+    for value, wanted in zip(values, java, strict=True):
+        try:
+            assert encode(pa.array([value])).to_pylist() == [wanted]
+        except Unencodable:
+            refused.append(float(value))
+    assert refused and max(refused) < 1e-3
+
+
+def test_zeros_and_lists_behind_a_null_struct_are_written():
+    import numpy as np
+
+    assert encode(pa.array([0.0, None, -0.0], pa.float32())).to_pylist() == ["0.0", None, "-0.0"]
+    assert encode(pa.array([None, 0.0])).to_pylist() == [None, "0.0"]
+    # A null struct whose list still spans values (StructArray.flatten leaves them there).
+    held = pa.StructArray.from_arrays([pa.array([[("a", 1)], [("b", 2)]], pa.map_(pa.string(), pa.int64()))], ["m"], mask=pa.array([True, False]))
+    assert encode(held).to_pylist() == [None, '{"m":{"b":2}}']
+    assert encode(pa.array([np.float32(1.5)] * 2)).to_pylist() == ["1.5", "1.5"]
+
+
 def test_large_floats_are_refused_not_guessed():
     import numpy as np
 

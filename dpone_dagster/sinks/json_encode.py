@@ -6,8 +6,8 @@ must not depend on the path a run took. Spark writes through Jackson: strings es
 control characters (`\\b \\t \\n \\f \\r`, otherwise `\\u00XX` in upper case); doubles are Java's
 `Double.toString`, floats `Float.toString`. Java 17 prints the shortest round-trip digits for
 1e-307 <= |d| < 1e16 and 1e-37 <= |f| < 1e7 (checked against Spark on millions of values,
-tests/test_json_encode.py) but not always outside, so such a value makes the batch unencodable
-(`Unencodable`) and the run takes the Spark SQL path.
+tests/test_json_encode.py) but not always outside, nor for a power of two below 1e-3, so such a
+value makes the batch unencodable (`Unencodable`) and the run takes the Spark SQL path.
 
 Every step is a vectorised Arrow kernel; values that need a rare rule (an escape, a double outside
 [1e-3, 1e7)) are formatted in Python one by one. The types a SQL source or a registry source adds
@@ -250,12 +250,14 @@ def _floats(array: pa.Array) -> pa.Array:
 
 def _java_numbers(array: pa.Array, exact: tuple[float, float], kind: str, java: Callable[[float], str]) -> pa.Array:
     """Each value as Java's `toString` of its type (`java`) writes it; Unencodable past the
-    magnitudes where that is the shortest digits (`exact`)."""
+    magnitudes where that is the shortest digits (`exact`), and for a power of two below 1e-3,
+    where Java 17 narrows its rounding interval and prints more digits (7.4505806E-9 for the
+    float 2^-27)."""
     magnitude = pc.abs(array)
     if array.null_count != len(array):
         smallest, largest = exact
-        nonzero = pc.if_else(pc.equal(magnitude, 0.0), smallest, magnitude)
-        if not pc.all(pc.is_finite(array)).as_py() or not smallest <= pc.min(nonzero).as_py() <= pc.max(magnitude).as_py() < largest:
+        nonzero = magnitude.filter(pc.not_equal(magnitude, 0.0))
+        if not pc.all(pc.is_finite(array)).as_py() or (len(nonzero) and not smallest <= pc.min(nonzero).as_py() <= pc.max(nonzero).as_py() < largest):
             raise Unencodable(f"a {kind} of magnitude 1e{round(np.log10(largest))} or more, below 1e{round(np.log10(smallest))}, or not finite")
     text = pc.cast(array, pa.string())
     # Arrow writes the same shortest digits; in the plain range only ".0" for whole numbers differs.
@@ -268,8 +270,11 @@ def _java_numbers(array: pa.Array, exact: tuple[float, float], kind: str, java: 
     rare = pc.and_(pc.invert(plain), array.is_valid())
     if not pc.any(rare).as_py():
         return text
-    values = pc.filter(array, rare).to_pylist()
-    return pc.replace_with_mask(text, rare, pa.array([java(v) for v in values], pa.string()))
+    values = pc.filter(array, rare).to_numpy(zero_copy_only=False)
+    small = np.abs(values) < 1e-3
+    if (np.abs(np.frexp(values[small])[0]) == 0.5).any():
+        raise Unencodable(f"a {kind} that is a power of two below 1e-3 (Java 17 prints more digits than the shortest)")
+    return pc.replace_with_mask(text, rare, pa.array([java(float(v)) for v in values], pa.string()))
 
 
 def _python_doubles(array: pa.Array) -> pa.Array:
@@ -302,10 +307,14 @@ def _maps(array: pa.Array, flavor: Flavor) -> pa.Array:
 def _joined(array: pa.Array, encoded: Callable[[pa.Array], pa.Array], opening: str, closing: str) -> pa.Array:
     """Each list of `array` as its items' texts (`encoded`) joined by commas between `opening`
     and `closing`; a null list stays null."""
+    # The values the offsets span (flatten() would drop those behind a null slot, which a null
+    # struct around the list may leave).
     offsets = array.offsets
-    if array.offset or offsets[0].as_py():
-        offsets = pc.subtract(offsets, offsets[0])
-    lists = pa.ListArray.from_arrays(offsets, encoded(array.flatten()))
+    start = offsets[0].as_py()
+    values = array.values.slice(start, offsets[-1].as_py() - start)
+    if start:
+        offsets = pc.subtract(offsets, start)
+    lists = pa.ListArray.from_arrays(offsets, encoded(values))
     joined = pc.binary_join_element_wise(opening, pc.binary_join(lists, ","), closing, "")
     if not array.null_count:
         return joined
