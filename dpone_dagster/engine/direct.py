@@ -12,9 +12,10 @@ does the same work in the Python tasks, in the same order of guarantees:
    file of its executor and reports counts and the hashes of its keys. Nothing is produced.
 2. judge (here): bad records the tasks set aside (undecodable, without their unique key, over
    message.max.bytes) follow source.options.on_error where and as on the Spark SQL path
-   (engine/direct_bad_records.py). A record only the Spark SQL path handles (one Spark decodes
-   but the tasks do not, a value the encoder refuses) sends the whole run there, reading the
-   batch again, as if this path had not run.
+   (engine/direct_bad_records.py). Records with fields an inferred schema's sample missed widen
+   the schema as the Spark SQL path widens it, and the batch is scanned again with it. A record
+   only the Spark SQL path handles (one Spark decodes but the tasks do not, a value the encoder
+   refuses) sends the whole run there, reading the batch again, as if this path had not run.
    Repeated keys are settled on the keys themselves (direct/keys.py, engine/direct_keys.py: on the
    driver, or past its limit by a Spark window over the candidates); keep_last / keep_first pick
    the same record as the Spark SQL path (source order: timestamp, partition, offset); where
@@ -49,7 +50,7 @@ from dpone_dagster.direct import task
 from dpone_dagster.direct.keys import candidates
 from dpone_dagster.engine import direct_checks, direct_registry, direct_shape
 from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
-from dpone_dagster.engine.direct_bad_records import BadRecords, batch_source
+from dpone_dagster.engine.direct_bad_records import BadRecords, Widened, batch_source
 from dpone_dagster.engine.direct_keys import settle_repeated_keys
 from dpone_dagster.engine.direct_load import (
     check_ordered_delivery,
@@ -196,6 +197,11 @@ def copy(
         _remove_spills(spark, jobs, settings, groups)
         attempt.take_back(result, exc, log)
         return None
+    except Widened as exc:  # once: a widened plan is not checked for drift again
+        _remove_spills(spark, jobs, settings, groups)
+        attempt.undo(result)
+        log(f"direct path: {exc}; reading the batch again")
+        return copy(manifest, spark, planned, result, sink_config, log, registry_config)
     except BaseException:
         _remove_spills(spark, jobs, settings, groups)
         raise

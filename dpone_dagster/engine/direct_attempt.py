@@ -36,12 +36,16 @@ class Attempt:
         return Attempt(len(result.gates), len(result.notes))
 
     def take_back(self, result: RunResult, reason: ToSparkSql, log: Log) -> None:
-        """Undo what the attempt recorded (its gates, notes, counts; its stage times become one
-        `direct_attempt` time) and note why the batch goes to the Spark SQL path."""
+        """Undo what the attempt recorded and note why the batch goes to the Spark SQL path."""
+        self.undo(result)
+        result.notes.append(f"direct path: the batch went to the Spark SQL path: {reason}")
+        log(f"direct path: handing the batch to the Spark SQL path ({reason})")
+
+    def undo(self, result: RunResult) -> None:
+        """Undo what the attempt recorded: its gates, notes and counts; its stage times are added
+        to one `direct_attempt` time."""
         del result.gates[self.gates :]
         del result.notes[self.notes :]
         attempt = sum(result.timings.pop(name, 0.0) for name in JUDGING_STAGES)
-        result.timings["direct_attempt"] = round(attempt, 3)
+        result.timings["direct_attempt"] = round(result.timings.get("direct_attempt", 0.0) + attempt, 3)
         result.rows_extracted = result.deletes_skipped = result.rows_dead_lettered = result.rows_skipped = 0
-        result.notes.append(f"direct path: the batch went to the Spark SQL path: {reason}")
-        log(f"direct path: handing the batch to the Spark SQL path ({reason})")

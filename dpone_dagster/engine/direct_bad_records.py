@@ -22,7 +22,7 @@ from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.time_windows import LateRecordScreen
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.sinks.dead_letters import DeadLetters
-from dpone_dagster.sources.kafka import KafkaBatchSource
+from dpone_dagster.sources.kafka import JsonPlan, KafkaBatchSource
 from dpone_dagster.sources.kafka_reader import RAW_SCHEMA
 from dpone_dagster.spark.decode import decode_json
 
@@ -31,6 +31,15 @@ def batch_source(planned: PlannedRead) -> KafkaBatchSource | None:
     """The read's Kafka source, also behind the late-record screen of a time-window read."""
     source = planned.source.source if isinstance(planned.source, LateRecordScreen) else planned.source
     return source if isinstance(source, KafkaBatchSource) else None
+
+
+class Widened(Exception):
+    """Records hold fields the schema sample missed: the batch is read again with `plan`, its
+    schema widened as the Spark SQL path widens it (nothing was produced)."""
+
+    def __init__(self, plan: JsonPlan):
+        super().__init__(plan.notes[-1])
+        self.plan = plan
 
 
 class BadRecords:
@@ -71,13 +80,14 @@ class BadRecords:
         plan = source.json_plan(self.planned.boundary)
         envelope = "auto" if source.options.envelope == "auto" else plan.envelope
         undecodable = self.letters.raw.join(self._of("undecodable"), on=["partition", "offset"], how="left_semi")
-        detect = source.options.schema_ is None  # as the Spark SQL path looks for fields beyond the schema
+        # As the Spark SQL path looks for fields beyond an inferred schema (once: not past a widening).
+        detect = source.options.schema_ is None and not plan.widened
         decoded = decode_json(undecodable, plan.schema, envelope, detect_unknown=detect)
-        readable = F.col(C.CORRUPT).isNull()
-        if detect:  # a field beyond the inferred schema widens it there, corrupt record or not
-            readable = readable | F.col(C.UNKNOWN_KEYS).isNotNull()
-        if decoded.where(readable).limit(1).count():
+        drift = F.col(C.UNKNOWN_KEYS).isNotNull() if detect else F.lit(False)
+        if decoded.where(F.col(C.CORRUPT).isNull() & ~drift).limit(1).count():
             raise ToSparkSql("a value the task decoder leaves to Spark (another type, or a field beyond the schema)")
+        if detect and decoded.where(drift).limit(1).count():  # widened there, corrupt record or not
+            raise Widened(source.widen_plan(self.planned.boundary, decoded))
         bad = decoded.select(F.col(C.SOURCE_PARTITION).alias("partition"), F.col(C.SOURCE_OFFSET).alias("offset"), F.col(C.CORRUPT).alias("reason"))
         self._handle(bad, n, result, f"record(s) of {self.planned.label} could not be decoded")
 

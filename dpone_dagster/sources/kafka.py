@@ -75,6 +75,8 @@ class JsonPlan:
     schema: StructType  # payload schema
     envelope: str  # flat | dpone, as resolved from the sample under envelope: auto
     notes: tuple[str, ...]
+    # Widened by fields the sample missed (KafkaBatchSource.widen_plan): not checked for drift again.
+    widened: bool = False
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,7 @@ class KafkaBatchSource:
             return self._extract_registry(spark, boundary, log)
         plan = self.json_plan(boundary)
         # An inferred schema may miss keys the sample did not hold: every record is checked.
-        detect = self.options.schema_ is None and bool(boundary.total)
+        detect = self.options.schema_ is None and bool(boundary.total) and not plan.widened
         return self._extract_json(spark, boundary, plan.schema, plan.envelope, list(plan.notes), detect, log)
 
     def json_plan(self, boundary: Boundary) -> JsonPlan:
@@ -282,11 +284,25 @@ class KafkaBatchSource:
         return extracted
 
     def widen(self, spark: SparkSession, boundary: Boundary, extracted: ExtractResult, staged: DataFrame, log: Log) -> ExtractResult:
-        """Re-extract with the schema widened by the keys `staged` reports in C.UNKNOWN_KEYS (types
-        inferred from up to 50 records per key). The new extract does not look for drift again."""
+        """Re-extract with the schema widened by the keys `staged` reports in C.UNKNOWN_KEYS
+        (`_widened`). The new extract does not look for drift again."""
+        plan = self._widened(JsonPlan(extracted.schema, extracted.envelope, tuple(extracted.notes)), staged)
+        log(f"extract: {plan.notes[-1]}; reading the batch again")
+        return self._extract_json(spark, boundary, plan.schema, plan.envelope, list(plan.notes), False, log)
+
+    def widen_plan(self, boundary: Boundary, decoded: DataFrame) -> JsonPlan:
+        """The plan of `boundary` widened by the keys `decoded` (records decoded with drift
+        detection) reports, as `widen` widens it; every later read of the boundary decodes with it."""
+        plan = self._widened(self.json_plan(boundary), decoded)
+        self._json_plan = (boundary, plan)
+        return plan
+
+    def _widened(self, plan: JsonPlan, decoded: DataFrame) -> JsonPlan:
+        """`plan` with the fields `decoded` reports in C.UNKNOWN_KEYS, their types inferred from
+        the first 50 records (in partition, offset order) that hold each."""
         per_key = Window.partitionBy("k").orderBy(C.SOURCE_PARTITION, C.SOURCE_OFFSET)
         samples = (
-            staged.where(F.col(C.UNKNOWN_KEYS).isNotNull())
+            decoded.where(F.col(C.UNKNOWN_KEYS).isNotNull())
             .select(F.explode(C.UNKNOWN_KEYS).alias("k"), C.UNKNOWN_TEXT, C.SOURCE_PARTITION, C.SOURCE_OFFSET)
             .withColumn("n", F.row_number().over(per_key))
             .where("n <= 50")
@@ -295,10 +311,8 @@ class KafkaBatchSource:
         )
         keys = sorted({row["k"] for row in samples})
         texts = list(dict.fromkeys(row[C.UNKNOWN_TEXT] for row in samples))
-        schema = merge_structs(extracted.schema, self._infer([_loads(t) for t in texts], self._decoding(extracted.envelope)))
-        notes = [*extracted.notes, f"schema widened with fields not in the sample: {keys}"]
-        log(f"extract: {notes[-1]}; reading the batch again")
-        return self._extract_json(spark, boundary, schema, extracted.envelope, notes, False, log)
+        schema = merge_structs(plan.schema, self._infer([_loads(t) for t in texts], self._decoding(plan.envelope)))
+        return JsonPlan(schema, plan.envelope, (*plan.notes, f"schema widened with fields not in the sample: {keys}"), widened=True)
 
     def reader_settings(self) -> ReaderSettings:
         return ReaderSettings(
