@@ -609,10 +609,11 @@ def test_avro_maps_take_the_direct_path_with_the_spark_sql_paths_messages(broker
     assert framed or any(b'"attrs":{"k0":"v3","k1":null,"k2":"v3"}' in (r["value"] or b"") for r in direct_records)
 
 
-def test_a_registry_batch_of_old_versions_only_takes_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch):
+def test_a_registry_batch_of_old_versions_only_is_decoded_with_those_versions(broker, spark, kafka_env, tmp_path, monkeypatch):
     """The subject holds v1 and v2 (a new field); a batch of v1 records merges into v1's fields
-    only on the Spark SQL path, so the direct path hands it over and the output is the same.
-    A later batch that carries both versions is decoded in the tasks."""
+    only, as the Spark SQL path merges them: the direct path scans it again with v1 alone, and
+    the messages (and an Avro sink's registered schema) are the same. A later batch that carries
+    both versions is decoded with both."""
     bs = broker.bootstrap_servers
     url, src = registry_topic(bs, monkeypatch)
     produce_registry(bs, url, src, "avro", shop_rows(100))
@@ -626,8 +627,14 @@ def test_a_registry_batch_of_old_versions_only_takes_the_spark_sql_path(broker, 
     source = "message_format: avro, schema_registry: {enabled: true}"
     strategy = "{mode: incremental_append, unique_key: order_id}"
     (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path, monkeypatch, strategy, "", 2, source)
-    assert direct.execution_path == "spark_sql" and any("another payload schema" in n for n in direct.notes), direct.notes
+    assert direct.execution_path == "direct", direct.notes
     assert messages(direct_records) == messages(sql_records) and len(direct_records) == 100
+    avro = "message_format: avro, schema_registry: {enabled: true}"
+    (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path / "avro", monkeypatch, strategy, avro, 2, source)
+    assert direct.execution_path == "direct", direct.notes
+    assert normalized(direct, direct_records, True) == normalized(sql, sql_records, True) and len(direct_records) == 100
+    registered = [[f["name"] for f in r.schema_evolution["evolution"]["result_schema"]] for r in (direct, sql)]
+    assert registered[0] == registered[1] == ["order_id", "note", "amount", "tags"], registered
 
     produce_registry(bs, url, src, "avro", [{**r, "channel": "web"} for r in shop_rows(50, 100)], SHOP_V2)
     (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path / "both", monkeypatch, strategy, "", 2, source)

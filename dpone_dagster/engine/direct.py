@@ -49,8 +49,8 @@ from dpone_dagster import columns as C
 from dpone_dagster.direct import task
 from dpone_dagster.direct.keys import candidates
 from dpone_dagster.engine import direct_checks, direct_registry, direct_shape
-from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
-from dpone_dagster.engine.direct_bad_records import BadRecords, Widened, batch_source
+from dpone_dagster.engine.direct_attempt import Attempt, ScanAgain, ToSparkSql, switched_off
+from dpone_dagster.engine.direct_bad_records import BadRecords, batch_source
 from dpone_dagster.engine.direct_keys import settle_repeated_keys
 from dpone_dagster.engine.direct_load import (
     check_ordered_delivery,
@@ -93,6 +93,8 @@ from dpone_dagster.spark.slots import local_task_slots, produce_slots
 # What a read task may wait on the broker beyond its records (the reader's empty polls, a
 # consumer's connection set-up): the scan's part of a job bound (spark/jobs.py).
 READ_WAIT_S = 60.0
+# Scans of one batch: a plan is widened (JSON) or narrowed (registry) once, and a source is one or the other.
+MAX_SCANS = 2
 # kafka_offsets is an append whose state is the source offsets (as every Kafka source run's).
 STRATEGIES = ("incremental_append", "kafka_offsets", "incremental_merge", "full_refresh", "replace")
 
@@ -131,7 +133,33 @@ def copy(
     """Run the batch on the direct path, with the stages of the Spark SQL path (extract, gates,
     shape, load); None when it must take the Spark SQL path (nothing was produced then; what this
     path measured and judged is taken back, the reason is noted). `registry_config`: the sink's
-    Schema Registry, for an Avro, JSON Schema or protobuf sink."""
+    Schema Registry, for an Avro, JSON Schema or protobuf sink.
+
+    A scan that changes the source's plan (a JSON schema widened by fields its sample missed, a
+    registry subject's versions narrowed to those the batch carries) scans the batch again with
+    it: at most MAX_SCANS scans, each plan changes once."""
+    for scans in range(1, MAX_SCANS + 1):
+        attempt = Attempt.begin(result)
+        try:
+            return _copy(manifest, spark, planned, result, sink_config, log, registry_config)
+        except ScanAgain as exc:
+            if scans == MAX_SCANS:
+                attempt.take_back(result, ToSparkSql(f"the plan changed again after {scans} scans ({exc})"), log)
+                return None
+            log(f"direct path: {exc}; scanning the batch again")
+    raise AssertionError("unreachable")
+
+
+def _copy(
+    manifest: Manifest,
+    spark: SparkSession,
+    planned: PlannedRead,
+    result: RunResult,
+    sink_config: dict,
+    log: Log,
+    registry_config: dict | None,
+) -> Delivered | None:
+    """One scan of `copy`; ScanAgain (what it recorded taken back) when the source's plan changed."""
     reason = refusal(manifest, planned)
     prepared = None
     if reason is None:
@@ -197,11 +225,10 @@ def copy(
         _remove_spills(spark, jobs, settings, groups)
         attempt.take_back(result, exc, log)
         return None
-    except Widened as exc:  # once: a widened plan is not checked for drift again
+    except ScanAgain:
         _remove_spills(spark, jobs, settings, groups)
         attempt.undo(result)
-        log(f"direct path: {exc}; reading the batch again")
-        return copy(manifest, spark, planned, result, sink_config, log, registry_config)
+        raise
     except BaseException:
         _remove_spills(spark, jobs, settings, groups)
         raise
@@ -236,19 +263,20 @@ def copy(
 def _decoded_as_planned(planned: PlannedRead, settings: task.DirectSettings, reports: list[task.ScanReport]) -> list[str]:
     """The source's notes, as the Spark SQL path gives them. A registry source was decoded with
     every version of its subject; the Spark SQL path merges only the versions the batch carries,
-    so a batch whose versions merge into another payload schema goes there (ToSparkSql)."""
+    so a batch whose versions merge into another payload schema is scanned again with those
+    versions only (ScanAgain)."""
     source = batch_source(planned)
     assert source is not None
     registry = settings.registry_source
     if registry is None:
         return list(source.json_plan(planned.boundary).notes)
     seen = set().union(*(r.schema_ids for r in reports))
-    carried = {i: registry.schemas[i] for i in seen if i in registry.schemas}
-    references = {i: r for i, r in (registry.references or {}).items() if i in seen} if registry.references is not None else None
+    narrowed = source.narrowed_registry_plan(registry, seen)
     # Both paths decode with every field nullable; only names, types and their order matter.
-    if nullable_schema(source.registry_schema(registry.fmt, carried, references)) != nullable_schema(registry.schema):
-        raise ToSparkSql(f"the batch's schema versions {sorted(seen)} merge into another payload schema than the subject's")
-    return [f"{registry.fmt}: schema id(s) {sorted(carried)} from the registry"]
+    if nullable_schema(narrowed.schema) != nullable_schema(registry.schema):
+        source.use_registry_plan(planned.boundary, narrowed)
+        raise ScanAgain(f"the batch's schema versions {sorted(seen)} merge into another payload schema than the subject's: decoded with those only")
+    return [f"{registry.fmt}: schema id(s) {sorted(narrowed.schemas)} from the registry"]
 
 
 def _remove_spills(
@@ -278,7 +306,7 @@ def _settings(
         payload, source_envelope = plan.schema, plan.envelope
     else:
         try:
-            registry = source.registry_plan()
+            registry = source.registry_plan(planned.boundary)
         except Exception as exc:  # noqa: BLE001 - a version the direct path cannot read: the Spark SQL path reads only the batch's
             return None, None, f"the subject's versions could not all be read ({exc})"
         if registry is None:

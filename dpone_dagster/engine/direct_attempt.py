@@ -1,6 +1,6 @@
 """What both direct paths (engine/direct.py for Kafka sources, engine/direct_sql.py for SQL
-sources) share about an attempt: the switch that turns them off, the exception that hands a batch
-to the Spark SQL path, and taking back what the attempt recorded before it does."""
+sources) share about an attempt: the switch that turns them off, the exceptions that hand a batch
+to the Spark SQL path or scan it again, and taking back what the attempt recorded before they do."""
 
 from __future__ import annotations
 
@@ -22,6 +22,11 @@ def switched_off() -> str | None:
 
 class ToSparkSql(Exception):
     """The batch needs the Spark SQL path (the message says why); nothing was produced."""
+
+
+class ScanAgain(Exception):
+    """The source's plan for the batch changed (the message says how): the batch is scanned again
+    with it, on the direct path; nothing was produced."""
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,14 @@ from dpone_dagster import columns as C
 from dpone_dagster.direct import task
 from dpone_dagster.engine import bad_records
 from dpone_dagster.engine.bad_records import handle_bad_records
-from dpone_dagster.engine.direct_attempt import ToSparkSql
+from dpone_dagster.engine.direct_attempt import ScanAgain, ToSparkSql
 from dpone_dagster.engine.direct_keys import by_partition
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.time_windows import LateRecordScreen
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.sinks.dead_letters import DeadLetters
-from dpone_dagster.sources.kafka import JsonPlan, KafkaBatchSource
+from dpone_dagster.sources.kafka import KafkaBatchSource
 from dpone_dagster.sources.kafka_reader import RAW_SCHEMA
 from dpone_dagster.spark.decode import decode_json
 
@@ -31,15 +31,6 @@ def batch_source(planned: PlannedRead) -> KafkaBatchSource | None:
     """The read's Kafka source, also behind the late-record screen of a time-window read."""
     source = planned.source.source if isinstance(planned.source, LateRecordScreen) else planned.source
     return source if isinstance(source, KafkaBatchSource) else None
-
-
-class Widened(Exception):
-    """Records hold fields the schema sample missed: the batch is read again with `plan`, its
-    schema widened as the Spark SQL path widens it (nothing was produced)."""
-
-    def __init__(self, plan: JsonPlan):
-        super().__init__(plan.notes[-1])
-        self.plan = plan
 
 
 class BadRecords:
@@ -87,7 +78,7 @@ class BadRecords:
         if decoded.where(F.col(C.CORRUPT).isNull() & ~drift).limit(1).count():
             raise ToSparkSql("a value the task decoder leaves to Spark (another type, or a field beyond the schema)")
         if detect and decoded.where(drift).limit(1).count():  # widened there, corrupt record or not
-            raise Widened(source.widen_plan(self.planned.boundary, decoded))
+            raise ScanAgain(source.widen_plan(self.planned.boundary, decoded).notes[-1])
         bad = decoded.select(F.col(C.SOURCE_PARTITION).alias("partition"), F.col(C.SOURCE_OFFSET).alias("offset"), F.col(C.CORRUPT).alias("reason"))
         self._handle(bad, n, result, f"record(s) of {self.planned.label} could not be decoded")
 

@@ -111,6 +111,7 @@ class KafkaBatchSource:
         self.group_id = default_group_id(manifest)
         self.registry_config = registry_config
         self._json_plan: tuple[Boundary, JsonPlan] | None = None  # the last boundary's
+        self._registry_plan: tuple[Boundary, RegistryPlan] | None = None  # a boundary's, narrowed
 
     @property
     def topic(self) -> str:
@@ -353,10 +354,13 @@ class KafkaBatchSource:
         df = decode_registry(raw, fmt, schemas, schema, references)
         return ExtractResult(lambda: df, schema, "flat", notes, raw, decode.rebuildable_columns(self.topic))
 
-    def registry_plan(self) -> RegistryPlan | None:
-        """Every registered version of the topic's value subject, or None when the subject is not
-        named by the topic alone (then only the batch's own schema ids tell which are used), is
-        empty or has more than MAX_SUBJECT_VERSIONS versions."""
+    def registry_plan(self, boundary: Boundary) -> RegistryPlan | None:
+        """Every registered version of the topic's value subject (or those `use_registry_plan`
+        narrowed the boundary's plan to), or None when the subject is not named by the topic
+        alone (then only the batch's own schema ids tell which are used), is empty or has more
+        than MAX_SUBJECT_VERSIONS versions."""
+        if self._registry_plan is not None and self._registry_plan[0] is boundary:
+            return self._registry_plan[1]
         from dpone_dagster.schema.registry import (
             fetch_versions,
             references_by_id,
@@ -378,6 +382,17 @@ class KafkaBatchSource:
             }
             references = references_by_id(client, schemas) if fmt == "protobuf" else None
         return RegistryPlan(fmt, schemas, references, self.registry_schema(fmt, schemas, references))
+
+    def narrowed_registry_plan(self, plan: RegistryPlan, ids: set[int]) -> RegistryPlan:
+        """`plan` with only the versions `ids` (those a batch carries), merged as the Spark SQL path
+        merges them (pure but for loading the schemas)."""
+        schemas = {i: plan.schemas[i] for i in ids if i in plan.schemas}
+        references = {i: r for i, r in plan.references.items() if i in schemas} if plan.references is not None else None
+        return RegistryPlan(plan.fmt, schemas, references, self.registry_schema(plan.fmt, schemas, references))
+
+    def use_registry_plan(self, boundary: Boundary, plan: RegistryPlan) -> None:
+        """Decode `boundary` with `plan` from now on."""
+        self._registry_plan = (boundary, plan)
 
     def registry_schema(self, fmt: str, schemas: dict[int, tuple[str, str]], references: Any) -> StructType:
         """The payload schema: declared in the manifest, or the union of the batch's registered
