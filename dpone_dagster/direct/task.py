@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 # and the source record's headers when they are replicated.
 MESSAGE_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("offset", pa.int64()), ("timestamp", pa.int64())])
 SOURCE_HEADERS = "source_headers"
+# The records of keys that may repeat, as the driver settles them (candidate_records).
+CANDIDATES = pa.schema([("key", pa.binary()), ("offset", pa.int64()), ("timestamp", pa.int64()), ("partition", pa.int32())])
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,9 @@ class DirectSettings:
     hashed: bool  # the driver needs key hashes (de-duplication, per-key order)
     max_message_bytes: int  # a larger message is a bad record (source.options.on_error)
     run_id: str
+    # Which scan of the run's batch this is (engine/direct.copy scans again when the source's plan
+    # changes): each has its own spill files, so no task of a later scan takes an earlier one's.
+    scan: int = 1
     windows: tuple[WindowRange, ...] = ()  # a time-window read: where late records are counted
     # A registry sink: format, schema, and for protobuf the message indexes and imported files, to
     # encode the values with (unframed).
@@ -73,10 +78,6 @@ class DirectSettings:
     # dpone envelope with op delete: `delete_envelope`), or, with deletes disabled, "skip" (left
     # out) or "fail" (counted; the run fails before producing).
     deletes: str = "fail"
-    # keep_last / keep_first or duplicate_policy: fail: the Spark SQL path measures the messages
-    # once repeated keys are settled (the winners only, past the refusal), so a message over
-    # message.max.bytes sends the batch there.
-    settles_keys: bool = False
     delete_envelope: tuple[str, str] | None = None
     # key.mode unique_key: a delete whose key columns give no key takes the source record's key
     # (also when the sink names no unique_key columns, as the Spark SQL path does).
@@ -245,21 +246,23 @@ def _kept_messages(
     lengths = _lengths(settings, partition, messages)
     over = pc.greater(lengths, settings.max_message_bytes)
     if pc.any(over).as_py():
-        if settings.settles_keys:
-            largest = pc.max(lengths).as_py()
-            raise Refused(f"a message of {largest} bytes exceeds message.max.bytes {settings.max_message_bytes}")
-        aside.append(_aside(raw, pc.is_in(raw.column("offset"), value_set=messages.column("offset").filter(over)), "oversized", lengths.filter(over)))
+        # With its message key: keys that repeat are settled with it, and only a message they keep
+        # is a bad record (engine/direct_bad_records.py), as the Spark SQL path measures the kept ones.
+        where = pc.is_in(raw.column("offset"), value_set=messages.column("offset").filter(over))
+        aside.append(_aside(raw, where, "oversized", lengths.filter(over), messages.column("key").filter(over)))
         kept = pc.invert(over)
         messages, lengths = messages.filter(kept), lengths.filter(kept)
     return messages, deletes, lengths, pa.Table.from_batches(aside).combine_chunks().to_batches()[0] if aside else None
 
 
-def _aside(raw: pa.RecordBatch, where: pa.Array, kind: str, sizes: pa.Array | None = None) -> pa.RecordBatch:
+def _aside(raw: pa.RecordBatch, where: pa.Array, kind: str, sizes: pa.Array | None = None, keys: pa.Array | None = None) -> pa.RecordBatch:
+    """The raw records `where` selects, as set aside: why, the message's size and key (oversized)."""
     picked = raw.filter(where).select(list(RAW_NAMES))
     n = picked.num_rows
     kinds = pa.array([kind] * n, pa.string())
     sizes = sizes.cast(pa.int64()) if sizes is not None else pa.nulls(n, pa.int64())
-    return pa.RecordBatch.from_arrays([*picked.columns, kinds, sizes], names=[*RAW_NAMES, "kind", "size"])
+    keys = keys if keys is not None else pa.nulls(n, pa.binary())
+    return pa.RecordBatch.from_arrays([*picked.columns, kinds, sizes, keys], names=[*RAW_NAMES, "kind", "size", "message_key"])
 
 
 def _lengths(settings: DirectSettings, partition: int, messages: pa.RecordBatch) -> pa.Array:
@@ -319,11 +322,11 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
             rows_file = SpillWriter(rows_path(settings, piece), rows_schema(settings.schema)) if settings.keep_rows else None
             with SpillWriter(spill_path(settings, piece), MESSAGE_SCHEMA) as spill, rows_file or contextlib.nullcontext():
                 for raw in read_one_range(settings.reader, *piece):
+                    if settings.registry_source is not None:  # late records' too, as the Spark SQL path fetches them
+                        ids |= registry_source.schema_ids(raw.column("value"))
                     raw, found_late = screen_late(settings, piece[1], raw)
                     for index, n in found_late.items():
                         late[index] = late.get(index, 0) + n
-                    if settings.registry_source is not None:
-                        ids |= registry_source.schema_ids(raw.column("value"))
                     messages, found, lengths, aside = _kept_messages(settings, piece[1], raw, tally, rows_file)
                     deletes += found
                     if aside is not None:
@@ -335,6 +338,8 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                             raise Refused(f"more than {SET_ASIDE_KEPT} bad records, or {SET_ASIDE_BYTES >> 20} MB of them, in a task")
                     if settings.hashed:
                         hashes.append(keyed_hashes(messages.column("key")))  # a message without a key is never settled
+                        if aside is not None:  # oversized messages are settled with the others
+                            hashes.append(keyed_hashes(aside.column("message_key").filter(pc.equal(aside.column("kind"), "oversized"))))
                     spill.write(messages)
                     kept[-1] = (piece, kept[-1][1] + messages.num_rows)
                     rows += messages.num_rows + (found if settings.deletes == "skip" else 0)
@@ -375,8 +380,7 @@ def candidate_records(settings: DirectSettings, slices: list[Slice], candidates:
             if chosen.any():
                 picked = messages.filter(pa.array(chosen)).select(["key", "offset", "timestamp"])
                 found.append(picked.append_column("partition", pa.repeat(pa.scalar(piece[1], pa.int32()), picked.num_rows)))
-    schema = pa.schema([("key", pa.binary()), ("offset", pa.int64()), ("timestamp", pa.int64()), ("partition", pa.int32())])
-    return pa.Table.from_batches(found, schema) if found else schema.empty_table()
+    return pa.Table.from_batches(found, CANDIDATES) if found else CANDIDATES.empty_table()
 
 
 def produce(
@@ -468,7 +472,7 @@ def spill_path(settings: DirectSettings, piece: Slice) -> str:
     """Where a slice's messages are kept: under the executor's Spark local directory (removed with
     the executor), one directory per run."""
     topic, partition, start, end = piece
-    return os.path.join(run_directory(settings.run_id), f"{topic}-{partition}-{start}-{end}.arrow")
+    return os.path.join(run_directory(settings.run_id), f"{topic}-{partition}-{start}-{end}-s{settings.scan}.arrow")
 
 
 def rows_path(settings: DirectSettings, piece: Slice) -> str:

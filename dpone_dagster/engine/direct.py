@@ -138,13 +138,13 @@ def copy(
     A scan that changes the source's plan (a JSON schema widened by fields its sample missed, a
     registry subject's versions narrowed to those the batch carries) scans the batch again with
     it: at most MAX_SCANS scans, each plan changes once."""
-    for scans in range(1, MAX_SCANS + 1):
+    for scan in range(1, MAX_SCANS + 1):
         attempt = Attempt.begin(result)
         try:
-            return _copy(manifest, spark, planned, result, sink_config, log, registry_config)
+            return _copy(manifest, spark, planned, result, sink_config, log, registry_config, scan)
         except ScanAgain as exc:
-            if scans == MAX_SCANS:
-                attempt.take_back(result, ToSparkSql(f"the plan changed again after {scans} scans ({exc})"), log)
+            if scan == MAX_SCANS:
+                attempt.take_back(result, ToSparkSql(f"the plan changed again after {scan} scans ({exc})"), log)
                 return None
             log(f"direct path: {exc}; scanning the batch again")
     raise AssertionError("unreachable")
@@ -158,6 +158,7 @@ def _copy(
     sink_config: dict,
     log: Log,
     registry_config: dict | None,
+    scan: int,
 ) -> Delivered | None:
     """One scan of `copy`; ScanAgain (what it recorded taken back) when the source's plan changed."""
     reason = refusal(manifest, planned)
@@ -165,9 +166,12 @@ def _copy(
     if reason is None:
         settings, prepared, reason = _settings(manifest, planned, sink_config, result.run_id, registry_config)
     if reason is not None:
+        if scan > 1:  # the plan changed by the first scan is one the direct path does not run
+            result.notes.append(f"direct path: the batch went to the Spark SQL path: {reason}")
         log(f"direct path: not taken ({reason})")
         return None
     assert settings is not None
+    settings = replace(settings, scan=scan)
     boundary = planned.boundary
     tasks = split_into_tasks(boundary, manifest.source.options.records_per_task)
     slices = [(t.topic, t.partition, t.start, t.end) for t in tasks]
@@ -212,7 +216,8 @@ def _copy(
             if settings.deletes == "skip":
                 result.deletes_skipped = deletes
             set_aside = bad.positions()
-            skip, removed, ordered = settle_repeated_keys(manifest, spark, jobs, settings, groups, found, read_bound, set_aside)
+            skip, removed, ordered = settle_repeated_keys(manifest, spark, jobs, settings, groups, found, read_bound, set_aside, bad.oversized_candidates())
+            bad.settled(skip)
             unpublished = _merged(skip, bad.positions("keyless"))  # not among the rows as published
             published = rows - removed - result.deletes_skipped - bad.left_out
             rows_published = decoded_rows(_merged(unpublished, undecodable), settings.deletes == "skip", published)
@@ -227,7 +232,7 @@ def _copy(
         return None
     except ScanAgain:
         _remove_spills(spark, jobs, settings, groups)
-        attempt.undo(result)
+        attempt.undo(result, "direct_scan_again")
         raise
     except BaseException:
         _remove_spills(spark, jobs, settings, groups)
@@ -247,7 +252,7 @@ def _copy(
             if ordered:  # the slices read again may give other messages: checked against the count
                 rows_of_stats = produce_ordered(jobs, slots, settings, producer, groups, ordered, set_aside, log)
                 check_ordered_delivery(manifest, rows_of_stats, sum(len(o) for o in ordered.values()), result)
-            not_in_slices = _merged(skip, ordered)  # left out, or produced first
+            not_in_slices = _merged(_without(skip, set_aside), ordered)  # left out, or produced first
             left_out = _merged(not_in_slices, set_aside)
             expected = {piece: n - _within(not_in_slices, piece) for report in reports for piece, n in report.kept}
             if aggregate(rows_of_stats).ok:  # a failed delivery fails the run below, before anything more is sent
@@ -371,7 +376,6 @@ def _settings(
             source_envelope=source_envelope,
             registry_source=registry,
             deletes=direct_shape.delete_mode(sink),
-            settles_keys=uses_dedupe(sink) or refuses_duplicates(sink),
             source_key_for_deletes=sink.options.key.mode == "unique_key",
             delete_envelope=envelope_parts(C.DELETE, sink.strategy.mode, run_id, {"topic": source.topic}),
             row_checks=row_checks,
@@ -426,6 +430,11 @@ def _within(offsets: dict[int, np.ndarray], piece: task.Slice) -> int:
     _, partition, start, end = piece
     found = offsets.get(partition)
     return 0 if found is None else int(np.count_nonzero((found >= start) & (found < end)))
+
+
+def _without(offsets: dict[int, np.ndarray], removed: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Sorted offsets per partition of `offsets` not in `removed`."""
+    return {p: np.setdiff1d(found, removed.get(p, np.zeros(0, np.int64))) for p, found in offsets.items()}
 
 
 def _merged(first: dict[int, np.ndarray], second: dict[int, np.ndarray]) -> dict[int, np.ndarray]:

@@ -46,11 +46,11 @@ class Attempt:
         result.notes.append(f"direct path: the batch went to the Spark SQL path: {reason}")
         log(f"direct path: handing the batch to the Spark SQL path ({reason})")
 
-    def undo(self, result: RunResult) -> None:
+    def undo(self, result: RunResult, timing: str = "direct_attempt") -> None:
         """Undo what the attempt recorded: its gates, notes and counts; its stage times are added
-        to one `direct_attempt` time."""
+        to one `timing` (a scan handed over, or one scanned again)."""
         del result.gates[self.gates :]
         del result.notes[self.notes :]
         attempt = sum(result.timings.pop(name, 0.0) for name in JUDGING_STAGES)
-        result.timings["direct_attempt"] = round(result.timings.get("direct_attempt", 0.0) + attempt, 3)
+        result.timings[timing] = round(result.timings.get(timing, 0.0) + attempt, 3)
         result.rows_extracted = result.deletes_skipped = result.rows_dead_lettered = result.rows_skipped = 0

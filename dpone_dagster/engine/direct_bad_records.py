@@ -62,6 +62,27 @@ class BadRecords:
         picked = self.aside if kind is None else self.aside.filter(pc.equal(self.aside["kind"], kind))
         return by_partition(picked)
 
+    def oversized_candidates(self) -> pa.Table:
+        """The messages over message.max.bytes with a key, as the driver settles repeated keys
+        (task.CANDIDATES): judged only if settling keeps them (`settled`)."""
+        if not self.count("oversized"):
+            return task.CANDIDATES.empty_table()
+        picked = self.aside.filter(pc.and_(pc.equal(self.aside["kind"], "oversized"), self.aside["message_key"].is_valid()))
+        columns = {"key": picked["message_key"], "offset": picked["offset"], "timestamp": picked["timestamp"], "partition": picked["partition"]}
+        return pa.table({name: columns[name].cast(field.type) for name, field in zip(task.CANDIDATES.names, task.CANDIDATES, strict=True)})
+
+    def settled(self, left_out: dict[int, np.ndarray]) -> None:
+        """Forget the records keep_last / keep_first leave out (`left_out`, per partition): a
+        message they leave out is no bad record, as on the Spark SQL path, which measures the kept."""
+        if self.aside is None or not left_out:
+            return
+        partitions, offsets = self.aside["partition"].to_numpy(), self.aside["offset"].to_numpy()
+        dropped = np.zeros(len(offsets), bool)
+        for partition, losers in left_out.items():
+            mine = partitions == partition
+            dropped[mine] = np.isin(offsets[mine], losers)
+        self.aside = self.aside.filter(pa.array(~dropped))
+
     def judge_undecodable(self, result: RunResult) -> None:
         n = self.count("undecodable")
         if not n:

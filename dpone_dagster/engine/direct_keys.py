@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from dpone_dagster.direct import task
-from dpone_dagster.direct.keys import left_out_by_policy, repeated_keys
+from dpone_dagster.direct.keys import is_candidate, left_out_by_policy, repeated_keys
 from dpone_dagster.engine.direct_attempt import ToSparkSql
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.sinks.kafka_messages import duplicates_refused, refuses_duplicates, uses_dedupe
@@ -49,15 +49,20 @@ def settle_repeated_keys(
     found: np.ndarray,
     seconds: float,
     set_aside: Offsets,
+    oversized: pa.Table,
 ) -> tuple[Offsets, int, Offsets]:
     """From the candidate key hashes `found`: the source offsets keep_last / keep_first leave out
     per partition and how many they are, and the source offsets of every record of a key that
     repeats where each record is published (an append, duplicate_policy: allow), which are
     produced first, in source order per key (engine/direct_load.produce_ordered). Keys that repeat
-    under duplicate_policy: fail refuse the batch as the Spark SQL path does."""
+    under duplicate_policy: fail refuse the batch as the Spark SQL path does. `oversized`: the
+    messages over message.max.bytes the scan set aside (task.CANDIDATES), settled with the others
+    where keys are settled (where every record is published, each is a bad record)."""
     if not len(found):
         return {}, 0, {}
     policy = manifest.sink.strategy.duplicate_policy
+    settles = uses_dedupe(manifest.sink) or refuses_duplicates(manifest.sink)
+    extra = oversized.filter(pa.array(is_candidate(oversized["key"].combine_chunks(), found))) if settles and oversized.num_rows else task.CANDIDATES.empty_table()
 
     def read(group: list[task.Slice]) -> pa.Table:
         return task.candidate_records(settings, group, found, set_aside)
@@ -66,13 +71,14 @@ def settle_repeated_keys(
         if is_connect(spark) and len(found) > CONNECT_CANDIDATES:
             raise ToSparkSql(f"more than {CONNECT_CANDIDATES:,} keys may repeat (Spark Connect: their hashes would travel in the plan)")
         if refuses_duplicates(manifest.sink):
-            refuse_repeats(*jobs.run(lambda: _repeats_in_spark(spark, groups, read), seconds, "the count of repeated keys"))
+            refuse_repeats(*jobs.run(lambda: _repeats_in_spark(_candidates(spark, groups, read, extra)), seconds, "the count of repeated keys"))
             return {}, 0, {}
         if not uses_dedupe(manifest.sink):
-            return {}, 0, _ordered(spark, jobs.run(lambda: repeated_records(_candidates(spark, groups, read)).toArrow(), seconds, "the records of repeated keys"))
-        return (*_losers_in_spark(spark, jobs, groups, read, seconds, policy), {})
+            candidates = _candidates(spark, groups, read, extra)
+            return {}, 0, _ordered(spark, jobs.run(lambda: repeated_records(candidates).toArrow(), seconds, "the records of repeated keys"))
+        return (*_losers_in_spark(jobs, _candidates(spark, groups, read, extra), seconds, policy), {})
     picked = jobs.in_tasks(groups, read, seconds, "the read of repeated keys")
-    records = pa.concat_tables(picked)
+    records = pa.concat_tables([*picked, extra])
     repeated = repeated_keys(records)
     if not len(repeated):
         return {}, 0, {}  # hashes shared by different keys only
@@ -109,10 +115,10 @@ def refuse_repeats(count: int, keys: list[bytes]) -> None:
         raise duplicates_refused(count, [bytes(k).decode("utf-8", "replace") for k in keys[:SAMPLE]])
 
 
-def _repeats_in_spark(spark: SparkSession, groups: list[list[task.Slice]], read: Callable[[list[task.Slice]], pa.Table]) -> tuple[int, list[bytes]]:
+def _repeats_in_spark(candidates: DataFrame) -> tuple[int, list[bytes]]:
     """How many keys repeat among the candidate records (counted by Spark: a shuffle by key), and a
     sample of them."""
-    repeated = _candidates(spark, groups, read).groupBy("key").count().where(F.col("count") > 1)
+    repeated = candidates.groupBy("key").count().where(F.col("count") > 1)
     count = repeated.count()
     return count, [row["key"] for row in repeated.select("key").limit(SAMPLE).collect()] if count else []
 
@@ -132,25 +138,25 @@ def ranked_losers(records: DataFrame, policy: str) -> DataFrame:
     return records.withColumn("__rank", rank).where(F.col("__rank") > 1).select("partition", "offset")
 
 
-def _losers_in_spark(
-    spark: SparkSession, jobs: BoundedJobs, groups: list[list[task.Slice]], read: Callable[[list[task.Slice]], pa.Table], seconds: float, policy: str
-) -> tuple[Offsets, int]:
-    """`losers`, ranked by Spark over the candidate records the tasks `read` (a group each)."""
-
-    records = _candidates(spark, groups, read)
+def _losers_in_spark(jobs: BoundedJobs, records: DataFrame, seconds: float, policy: str) -> tuple[Offsets, int]:
+    """`losers`, ranked by Spark over the candidate `records`."""
     dropped = jobs.run(lambda: ranked_losers(records, policy).toArrow(), seconds, "the ranking of repeated keys")
     return by_partition(dropped), dropped.num_rows
 
 
-def _candidates(spark: SparkSession, groups: list[list[task.Slice]], read: Callable[[list[task.Slice]], pa.Table]) -> DataFrame:
-    """The candidate records the tasks `read` (a group each) as a DataFrame of CANDIDATE_SCHEMA."""
+def _candidates(spark: SparkSession, groups: list[list[task.Slice]], read: Callable[[list[task.Slice]], pa.Table], extra: pa.Table) -> DataFrame:
+    """The candidate records the tasks `read` (a group each), and the `extra` ones the driver
+    holds, as a DataFrame of CANDIDATE_SCHEMA."""
 
     def records_of(batches: Any) -> Any:
         for batch in batches:
             for index in batch.column(0).to_pylist():
                 yield from read(groups[index]).to_batches()
 
-    return spark.range(len(groups), numPartitions=max(1, len(groups))).mapInArrow(records_of, CANDIDATE_SCHEMA)
+    records = spark.range(len(groups), numPartitions=max(1, len(groups))).mapInArrow(records_of, CANDIDATE_SCHEMA)
+    if not extra.num_rows:
+        return records
+    return records.unionByName(spark.createDataFrame(extra.to_pylist(), CANDIDATE_SCHEMA))
 
 
 def by_partition(records: pa.Table) -> Offsets:
