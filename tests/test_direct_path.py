@@ -643,6 +643,81 @@ def test_a_registry_batch_of_old_versions_only_is_decoded_with_those_versions(br
     assert any(b'"channel":"web"' in r["value"] for r in direct_records)
 
 
+def produce_bad_registry_values(bs: str, url: str, src: str, unknown_id: bool = False) -> None:
+    """Values the registry decoder does not read, after 300 good ones: plain JSON (a wrong magic
+    byte), a value too short for its frame, a payload of the subject's id that does not decode;
+    with `unknown_id`, a frame whose id the subject does not hold."""
+    from confluent_kafka import Producer
+
+    from dpone_dagster.schema.registry import registry_client
+    from dpone_dagster.schema.wire_format import frame
+
+    produce_registry(bs, url, src, "avro", shop_rows(300))
+    schema_id = registry_client({"url": url}).get_latest_version(f"{src}-value").schema_id
+    bad = [(0, b'{"order_id": 1}'), (0, b"\x00\x00"), (1, frame(schema_id, b"\xff\xff\xff"))]
+    if unknown_id:
+        bad.append((1, frame(424_242, b"\x02")))
+    producer = Producer({"bootstrap.servers": bs})
+    for i, (partition, value) in enumerate(bad):
+        producer.produce(src, key=f"bad{i}".encode(), value=value, partition=partition)
+    assert producer.flush(30) == 0
+
+
+@pytest.mark.parametrize("on_error", ["skip", "dead_letter", "fail"])
+def test_registry_values_that_do_not_decode_are_bad_records_on_the_direct_path(broker, spark, kafka_env, tmp_path, monkeypatch, on_error):
+    """Bad registry-framed values are set aside by the tasks with the decoder's reason and follow
+    on_error as on the Spark SQL path: the same target, dead letters (reason headers included)
+    and failure."""
+    bs = broker.bootstrap_servers
+    url, src = registry_topic(bs, monkeypatch)
+    produce_bad_registry_values(bs, url, src)
+    outcomes = {}
+    for path in ("direct", "spark_sql"):
+        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
+        dst, dlq = unique_topic(f"rb_{path}"), unique_topic(f"rbl_{path}")
+        create_topic(bs, dst, 2)
+        create_topic(bs, dlq, 1)
+        source = f"message_format: avro, schema_registry: {{enabled: true}}, on_error: {on_error}, dead_letter: {{topic: {dlq}}}"
+        text = manifest_text(src, dst, tmp_path / path, "{mode: incremental_append, unique_key: order_id}")
+        text = text.replace("options: {group_id:", f"options: {{{source}, group_id:")
+        if on_error == "fail":
+            with pytest.raises(RunFailed) as failed:
+                run_pipeline(parse_manifest(text), spark)
+            outcomes[path] = (str(failed.value), consume_raw(bs, dst))
+            continue
+        result = run_pipeline(parse_manifest(text), spark)
+        assert result.execution_path == path, result.notes
+        own = ("dpone.error.run_id", "dpone.error.pipeline")
+        letters = sorted((r["key"], r["value"], tuple((k, v) for k, v in r["headers"] if k not in own)) for r in consume_raw(bs, dlq))
+        outcomes[path] = (
+            result.rows_extracted, result.rows_dead_lettered, result.rows_skipped, result.messages_produced,
+            result.committed_offsets, messages(consume_raw(bs, dst)), letters,
+        )
+    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+    assert outcomes["direct"] == outcomes["spark_sql"]
+    if on_error == "fail":
+        assert "3 record(s)" in outcomes["direct"][0] and "wrong magic byte 0x7b" in outcomes["direct"][0] and outcomes["direct"][1] == []
+        return
+    extracted, lettered, skipped, produced, _, _, letters = outcomes["direct"]
+    assert (extracted, lettered + skipped, produced) == (303, 3, 300)
+    assert len(letters) == (3 if on_error == "dead_letter" else 0)
+
+
+def test_a_registry_value_of_an_id_the_subject_does_not_hold_takes_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """The Spark SQL path fetches a schema id the subject does not hold by its id; the direct path
+    hands such a batch over, and the bad values are judged there."""
+    bs = broker.bootstrap_servers
+    url, src = registry_topic(bs, monkeypatch)
+    produce_bad_registry_values(bs, url, src, unknown_id=True)
+    dst = unique_topic("rb_unknown")
+    create_topic(bs, dst, 2)
+    text = manifest_text(src, dst, tmp_path, "{mode: incremental_append, unique_key: order_id}")
+    text = text.replace("options: {group_id:", "options: {message_format: avro, schema_registry: {enabled: true}, on_error: skip, group_id:")
+    result = run_pipeline(parse_manifest(text), spark)
+    assert result.execution_path == "spark_sql" and any("unknown schema id 424242" in n for n in result.notes), result.notes
+    assert result.rows_skipped == 4 and len(consume_raw(bs, dst)) == result.messages_produced == 300
+
+
 def test_a_late_record_of_a_newer_version_counts_among_the_batchs_versions(broker, spark, kafka_env, tmp_path, monkeypatch):
     """A time-window batch of v1 records whose only v2 record is late and held back for the
     dead-letter topic: the Spark SQL path merges v1 and v2 (the versions of every record read),
@@ -704,19 +779,6 @@ def test_a_subject_version_the_direct_path_cannot_read_leaves_the_run_to_the_spa
     (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path, monkeypatch, "{mode: incremental_append, unique_key: order_id}", "", 2, source)
     assert direct.execution_path == "spark_sql" and direct.status == "success", direct.notes
     assert messages(direct_records) == messages(sql_records) and len(direct_records) == 40
-
-
-def test_a_corrupt_registry_value_goes_to_the_bad_record_policy(broker, spark, kafka_env, tmp_path, monkeypatch):
-    """A value without the registry's frame: the tasks leave the batch to the Spark SQL path,
-    whose on_error: skip leaves that record out."""
-    bs = broker.bootstrap_servers
-    url, src = registry_topic(bs, monkeypatch)
-    produce_registry(bs, url, src, "avro", shop_rows(50))
-    produce_json(bs, src, [{"order_id": 999}], partition=0)
-    source = "message_format: avro, schema_registry: {enabled: true}, on_error: skip"
-    (direct, direct_records), _ = run_both(bs, spark, src, tmp_path, monkeypatch, "{mode: incremental_append, unique_key: order_id}", "", 2, source)
-    assert direct.execution_path == "spark_sql" and any("registry decoder" in n for n in direct.notes), direct.notes
-    assert len(direct_records) == 50 and direct.rows_skipped == 1
 
 
 @pytest.mark.parametrize(

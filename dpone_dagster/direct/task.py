@@ -125,7 +125,8 @@ class Refused(Exception):
 
 
 class Undecodable(Refused):
-    """A flat JSON value the task decoder does not read (corrupt, another type, or drift)."""
+    """A value the task decoder does not read: JSON (corrupt, another type, or drift: Spark's
+    decoder judges it) or registry-framed (a bad record, with the decoder's reason)."""
 
 
 # Records a scan task sets aside for the driver (more go to the Spark SQL path): the raw record,
@@ -208,6 +209,8 @@ def decoded(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBat
         try:
             return raw, registry_source.decode_values(settings.registry_source, raw, settings.schema), tombstone
         except registry_source.Undecodable as exc:
+            if exc.bad_record:
+                raise Undecodable(str(exc)) from exc
             raise Refused(f"a value the registry decoder leaves to Spark ({exc})") from exc
     columns = arrow_json.decode_values(values, settings.schema)
     if columns is None:
@@ -238,7 +241,10 @@ def _kept_messages(
         bad = pa.array(failing(raw.num_rows, lambda low, n: not _reads(settings, raw.slice(low, n)), SET_ASIDE_KEPT))
         if not pc.any(bad).as_py():
             raise Refused("a batch the task decoder reads record by record but not whole") from None
-        aside.append(_aside(raw, bad, "undecodable"))
+        why = None
+        if settings.registry_source is not None:  # the reasons the Spark SQL path's decoder gives
+            why = pa.array([r for r in registry_source.reasons(settings.registry_source, raw.filter(pa.array(bad)), settings.schema)], pa.string())
+        aside.append(_aside(raw, bad, "undecodable", reasons=why))
         raw = raw.filter(pc.invert(bad))
         messages, deletes, keyless = shape(settings, raw, partition, tally, rows)
     if len(keyless):
@@ -255,14 +261,18 @@ def _kept_messages(
     return messages, deletes, lengths, pa.Table.from_batches(aside).combine_chunks().to_batches()[0] if aside else None
 
 
-def _aside(raw: pa.RecordBatch, where: pa.Array, kind: str, sizes: pa.Array | None = None, keys: pa.Array | None = None) -> pa.RecordBatch:
-    """The raw records `where` selects, as set aside: why, the message's size and key (oversized)."""
+def _aside(
+    raw: pa.RecordBatch, where: pa.Array, kind: str, sizes: pa.Array | None = None, keys: pa.Array | None = None, reasons: pa.Array | None = None
+) -> pa.RecordBatch:
+    """The raw records `where` selects, as set aside: the kind, the message's size and key
+    (oversized), the decoder's reason (undecodable registry values)."""
     picked = raw.filter(where).select(list(RAW_NAMES))
     n = picked.num_rows
     kinds = pa.array([kind] * n, pa.string())
     sizes = sizes.cast(pa.int64()) if sizes is not None else pa.nulls(n, pa.int64())
     keys = keys if keys is not None else pa.nulls(n, pa.binary())
-    return pa.RecordBatch.from_arrays([*picked.columns, kinds, sizes, keys], names=[*RAW_NAMES, "kind", "size", "message_key"])
+    reasons = reasons if reasons is not None else pa.nulls(n, pa.string())
+    return pa.RecordBatch.from_arrays([*picked.columns, kinds, sizes, keys, reasons], names=[*RAW_NAMES, "kind", "size", "message_key", "reason"])
 
 
 def _lengths(settings: DirectSettings, partition: int, messages: pa.RecordBatch) -> pa.Array:

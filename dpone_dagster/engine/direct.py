@@ -380,7 +380,7 @@ def _settings(
             delete_envelope=envelope_parts(C.DELETE, sink.strategy.mode, run_id, {"topic": source.topic}),
             row_checks=row_checks,
             hold_back_late=isinstance(planned.source, LateRecordScreen) and planned.source.policy == "dead_letter",
-            screen_undecodable=registry is None,
+            screen_undecodable=True,
             keep_rows=direct_checks.keeps_rows(manifest.quality.checks, row_checks),
         ),
         prepared,

@@ -36,8 +36,9 @@ def batch_source(planned: PlannedRead) -> KafkaBatchSource | None:
 class BadRecords:
     """The records the tasks set aside (direct/task.SET_ASIDE_KEPT), judged where the Spark SQL
     path judges them and by its rules (engine/bad_records.py): undecodable ones with the extract,
-    by Spark's own decoder (a record it reads — drift, a type the task decoder does not write —
-    sends the batch to the Spark SQL path); upserts without their unique key after the extracted
+    JSON ones by Spark's own decoder (a record it reads — drift, a type the task decoder does not
+    write — widens the schema or sends the batch to the Spark SQL path), registry-framed ones with
+    the reasons of the tasks' decoder, which is the Spark SQL path's; upserts without their unique key after the extracted
     gates; messages over message.max.bytes after the published gates. Each follows
     source.options.on_error: fail raises before anything is produced, dead letters are sent once
     every gate passed."""
@@ -89,6 +90,10 @@ class BadRecords:
             return
         source = batch_source(self.planned)
         assert source is not None and self.letters is not None and self.letters.raw is not None
+        what = f"record(s) of {self.planned.label} could not be decoded"
+        if source.options.message_format != "json":  # the tasks' decoder is the Spark SQL path's, with its reasons
+            self._handle(self._of("undecodable", with_reason=True), n, result, what)
+            return
         plan = source.json_plan(self.planned.boundary)
         envelope = "auto" if source.options.envelope == "auto" else plan.envelope
         undecodable = self.letters.raw.join(self._of("undecodable"), on=["partition", "offset"], how="left_semi")
@@ -101,7 +106,7 @@ class BadRecords:
         if detect and decoded.where(drift).limit(1).count():  # widened there, corrupt record or not
             raise ScanAgain(source.widen_plan(self.planned.boundary, decoded).notes[-1])
         bad = decoded.select(F.col(C.SOURCE_PARTITION).alias("partition"), F.col(C.SOURCE_OFFSET).alias("offset"), F.col(C.CORRUPT).alias("reason"))
-        self._handle(bad, n, result, f"record(s) of {self.planned.label} could not be decoded")
+        self._handle(bad, n, result, what)
 
     def judge_keyless(self, result: RunResult) -> None:
         n = self.count("keyless")
@@ -116,12 +121,12 @@ class BadRecords:
             bad = self._of("oversized", with_size=True).select("partition", "offset", reason.alias("reason"))
             self._handle(bad, n, result, bad_records.oversized(limit))
 
-    def _of(self, kind: str, with_size: bool = False) -> Any:
+    def _of(self, kind: str, with_size: bool = False, with_reason: bool = False) -> Any:
         assert self.aside is not None
         picked = self.aside.filter(pc.equal(self.aside["kind"], kind))
-        rows = list(zip(picked["partition"].to_pylist(), picked["offset"].to_pylist(), picked["size"].to_pylist(), strict=True))
-        frame = self.spark.createDataFrame(rows, "partition int, offset long, size long")
-        return frame if with_size else frame.drop("size")
+        columns = [picked[name].to_pylist() for name in ("partition", "offset", "size", "reason")]
+        frame = self.spark.createDataFrame(list(zip(*columns, strict=True)), "partition int, offset long, size long, reason string")
+        return frame.drop(*(["size"] if not with_size else []), *(["reason"] if not with_reason else []))
 
     def _handle(self, bad: Any, n: int, result: RunResult, what: str) -> None:
         assert self.letters is not None

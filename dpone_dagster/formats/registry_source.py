@@ -5,9 +5,10 @@ of one writer schema column by column (formats/avro_columns.py), protobuf batche
 likewise (formats/protobuf_columns.py) and JSON Schema batches of flat payloads by Arrow's JSON
 reader, where they give the same result.
 
-A value the decoder cannot read (a wrong magic byte, an id not in the subject, a payload that
-does not decode or fit) raises Undecodable: the batch then takes the Spark SQL path, whose bad-record
-policy decides."""
+A value the decoder cannot read raises Undecodable: a bad record (a wrong magic byte, a payload
+that does not decode, of another type or record) is set aside by the task, with the decoder's
+reason, and judged by the bad-record policy; an id not in the subject (the Spark SQL path fetches
+it by id) or a value that does not fit the payload schema takes the batch to the Spark SQL path."""
 
 from __future__ import annotations
 
@@ -28,13 +29,31 @@ _column_readers: dict[Any, avro_columns.Reader | protobuf_columns.Reader | None]
 
 
 class Undecodable(Exception):
-    """A value left to the Spark SQL path; the message says why."""
+    """A value the task decoder does not read; the message says why. `bad_record`: the Spark SQL
+    path's decoder marks it corrupt with that reason too; else the batch is left to that path."""
+
+    def __init__(self, reason: str, bad_record: bool = False):
+        super().__init__(reason)
+        self.bad_record = bad_record
 
 
 def schema_ids(values: pa.Array) -> set[int]:
-    """The schema ids framed in `values` (null values, tombstones, have none)."""
-    framed = pc.binary_slice(values.filter(pc.greater_equal(pc.fill_null(pc.binary_length(values), 0), 5)), 1, 5)
-    return {int.from_bytes(v, "big") for v in pc.unique(framed).to_pylist()}
+    """The schema ids framed in `values` (those whose first byte is the magic byte 0, as the Spark
+    SQL path reads them; null values, tombstones, have none)."""
+    framed = values.filter(pc.greater_equal(pc.fill_null(pc.binary_length(values), 0), 5))
+    framed = framed.filter(pc.equal(pc.binary_slice(framed, 0, 1), b"\x00"))
+    return {int.from_bytes(v, "big") for v in pc.unique(pc.binary_slice(framed, 1, 5)).to_pylist()}
+
+
+def reasons(plan: RegistryPlan, raw: pa.RecordBatch, schema: pa.Schema) -> list[str | None]:
+    """Why the decoder does not read each value of `raw` (None for one it reads), as the Spark SQL
+    path's decoder says it ("... at partition@offset")."""
+    decoder = _decoder(plan)
+    partitions, offsets = raw.column("partition").to_pylist(), raw.column("offset").to_pylist()
+    return [
+        None if value is None else decoder.decode(value, f"{partition}@{offset}")[1]
+        for value, partition, offset in zip(raw.column("value").to_pylist(), partitions, offsets, strict=True)
+    ]
 
 
 def arrow_schema(payload: StructType) -> pa.Schema | None:
@@ -77,7 +96,7 @@ def decode_records(plan: RegistryPlan, raw: pa.RecordBatch, schema: pa.Schema) -
             continue
         row, reason = decoder.decode(value, f"{partition}@{offset}")
         if reason is not None:
-            raise Undecodable(reason)
+            raise Undecodable(reason, bad_record=not reason.startswith("unknown schema id"))
         rows.append(row)
     try:
         struct = pa.array(rows, type=pa.struct(list(schema)))
