@@ -86,6 +86,31 @@ def run_both(
     return out
 
 
+def on_error_outcomes(bs: str, spark: Any, src: str, tmp_path: Path, monkeypatch: Any, strategy: str, sink_options: str, source_options: str) -> dict[str, tuple]:
+    """The same manifest on each path, with a dead-letter topic of its own (`source_options` name
+    on_error): per path (rows extracted, dead-lettered, skipped, duplicates removed, produced,
+    committed offsets, the target's messages and each key's order, the dead letters without the
+    run's own headers)."""
+    outcomes = {}
+    for path in ("direct", "spark_sql"):
+        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
+        dst, dlq = unique_topic(f"db_{path}"), unique_topic(f"dbl_{path}")
+        create_topic(bs, dst, 2)
+        create_topic(bs, dlq, 1)
+        text = manifest_text(src, dst, tmp_path / path, strategy, sink_options)
+        text = text.replace("options: {group_id:", f"options: {{{source_options}, dead_letter: {{topic: {dlq}}}, group_id:")
+        result = run_pipeline(parse_manifest(text), spark)
+        assert result.execution_path == path, result.notes
+        own = ("dpone.error.run_id", "dpone.error.pipeline")  # the run's and the manifest's names
+        letters = sorted((r["key"], r["value"], tuple((k, v) for k, v in r["headers"] if k not in own)) for r in consume_raw(bs, dlq))
+        outcomes[path] = (
+            result.rows_extracted, result.rows_dead_lettered, result.rows_skipped, result.duplicates_removed, result.messages_produced,
+            result.committed_offsets, in_key_order(consume_raw(bs, dst)), letters,
+        )
+    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+    return outcomes
+
+
 def messages(records: list[dict[str, Any]]) -> Counter:
     """Keyed messages with their partition; a message without a key lands where the producer's
     sticky partitioner put it, on either path."""
@@ -671,34 +696,24 @@ def test_registry_values_that_do_not_decode_are_bad_records_on_the_direct_path(b
     bs = broker.bootstrap_servers
     url, src = registry_topic(bs, monkeypatch)
     produce_bad_registry_values(bs, url, src)
-    outcomes = {}
-    for path in ("direct", "spark_sql"):
-        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
-        dst, dlq = unique_topic(f"rb_{path}"), unique_topic(f"rbl_{path}")
-        create_topic(bs, dst, 2)
-        create_topic(bs, dlq, 1)
-        source = f"message_format: avro, schema_registry: {{enabled: true}}, on_error: {on_error}, dead_letter: {{topic: {dlq}}}"
-        text = manifest_text(src, dst, tmp_path / path, "{mode: incremental_append, unique_key: order_id}")
-        text = text.replace("options: {group_id:", f"options: {{{source}, group_id:")
-        if on_error == "fail":
+    source = f"message_format: avro, schema_registry: {{enabled: true}}, on_error: {on_error}"
+    strategy = "{mode: incremental_append, unique_key: order_id}"
+    if on_error == "fail":
+        failures = {}
+        for path in ("on", "off"):
+            monkeypatch.setenv("DPONE_DIRECT_PATH", path)
+            dst = unique_topic("rbdst")
+            create_topic(bs, dst, 2)
+            text = manifest_text(src, dst, tmp_path / path, strategy).replace("options: {group_id:", f"options: {{{source}, group_id:")
             with pytest.raises(RunFailed) as failed:
                 run_pipeline(parse_manifest(text), spark)
-            outcomes[path] = (str(failed.value), consume_raw(bs, dst))
-            continue
-        result = run_pipeline(parse_manifest(text), spark)
-        assert result.execution_path == path, result.notes
-        own = ("dpone.error.run_id", "dpone.error.pipeline")
-        letters = sorted((r["key"], r["value"], tuple((k, v) for k, v in r["headers"] if k not in own)) for r in consume_raw(bs, dlq))
-        outcomes[path] = (
-            result.rows_extracted, result.rows_dead_lettered, result.rows_skipped, result.messages_produced,
-            result.committed_offsets, messages(consume_raw(bs, dst)), letters,
-        )
-    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
-    assert outcomes["direct"] == outcomes["spark_sql"]
-    if on_error == "fail":
-        assert "3 record(s)" in outcomes["direct"][0] and "wrong magic byte 0x7b" in outcomes["direct"][0] and outcomes["direct"][1] == []
+            failures[path] = str(failed.value)
+            assert consume_raw(bs, dst) == []
+        assert failures["on"] == failures["off"] and "3 record(s)" in failures["on"] and "wrong magic byte 0x7b" in failures["on"]
         return
-    extracted, lettered, skipped, produced, _, _, letters = outcomes["direct"]
+    outcomes = on_error_outcomes(bs, spark, src, tmp_path, monkeypatch, strategy, "", source)
+    assert outcomes["direct"] == outcomes["spark_sql"]
+    extracted, lettered, skipped, _, produced, _, _, letters = outcomes["direct"]
     assert (extracted, lettered + skipped, produced) == (303, 3, 300)
     assert len(letters) == (3 if on_error == "dead_letter" else 0)
 
@@ -1718,25 +1733,10 @@ def test_bad_records_follow_on_error_as_on_the_spark_sql_path(broker, spark, kaf
             if partition == p:
                 rows[i] = record
         produce_json(bs, src, rows, partition=p)
-    outcomes = {}
-    for path in ("direct", "spark_sql"):
-        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
-        dst, dlq = unique_topic(f"db_{path}"), unique_topic(f"dbl_{path}")
-        create_topic(bs, dst, 2)
-        create_topic(bs, dlq, 1)
-        text = manifest_text(src, dst, tmp_path / path, strategy, sink_options)
-        envelope = "envelope: dpone, " if "envelope" in kind else ""
-        text = text.replace("options: {group_id:", f"options: {{{envelope}on_error: {on_error}, dead_letter: {{topic: {dlq}}}, group_id:")
-        result = run_pipeline(parse_manifest(text), spark)
-        assert result.execution_path == path, result.notes
-        own = ("dpone.error.run_id", "dpone.error.pipeline")  # the run's and the manifest's names
-        letters = sorted((r["key"], r["value"], tuple((k, v) for k, v in r["headers"] if k not in own)) for r in consume_raw(bs, dlq))
-        outcomes[path] = (
-            result.rows_extracted, result.rows_dead_lettered, result.rows_skipped, result.messages_produced,
-            result.committed_offsets, in_key_order(consume_raw(bs, dst)), letters,
-        )
+    envelope = "envelope: dpone, " if "envelope" in kind else ""
+    outcomes = on_error_outcomes(bs, spark, src, tmp_path, monkeypatch, strategy, sink_options, f"{envelope}on_error: {on_error}")
     assert outcomes["direct"] == outcomes["spark_sql"]
-    extracted, lettered, skipped, produced, offsets, _, letters = outcomes["direct"]
+    extracted, lettered, skipped, _, produced, offsets, _, letters = outcomes["direct"]
     assert extracted == 2_400 and produced == 2_397 and offsets == {0: 1_200, 1: 1_200}
     assert (lettered, skipped, len(letters)) == ((3, 0, 3) if on_error == "dead_letter" else (0, 3, 0))
 
@@ -1782,24 +1782,9 @@ def test_oversized_messages_keep_last_leaves_out_are_no_bad_records(broker, spar
     bs = broker.bootstrap_servers
     src = unique_topic("dosrc")
     produce_oversized_keyed(bs, src)
-    outcomes = {}
-    for path in ("direct", "spark_sql"):
-        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
-        dst, dlq = unique_topic(f"do_{path}"), unique_topic(f"dol_{path}")
-        create_topic(bs, dst, 2)
-        create_topic(bs, dlq, 1)
-        strategy = f"{{mode: incremental_merge, unique_key: order_id, duplicate_policy: {policy}}}"
-        text = manifest_text(src, dst, tmp_path / path, strategy, "delivery: {producer_config: {message.max.bytes: 2000}}")
-        text = text.replace("options: {group_id:", f"options: {{on_error: {on_error}, dead_letter: {{topic: {dlq}}}, group_id:")
-        result = run_pipeline(parse_manifest(text), spark)
-        assert result.execution_path == path, result.notes
-        own = ("dpone.error.run_id", "dpone.error.pipeline")
-        letters = sorted((r["key"], r["value"], tuple((k, v) for k, v in r["headers"] if k not in own)) for r in consume_raw(bs, dlq))
-        outcomes[path] = (
-            result.rows_extracted, result.rows_dead_lettered, result.rows_skipped, result.duplicates_removed, result.messages_produced,
-            result.committed_offsets, in_key_order(consume_raw(bs, dst)), letters,
-        )
-    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+    strategy = f"{{mode: incremental_merge, unique_key: order_id, duplicate_policy: {policy}}}"
+    sink = "delivery: {producer_config: {message.max.bytes: 2000}}"
+    outcomes = on_error_outcomes(bs, spark, src, tmp_path, monkeypatch, strategy, sink, f"on_error: {on_error}")
     assert outcomes["direct"] == outcomes["spark_sql"]
     extracted, lettered, skipped, removed, produced, offsets, (written, _), letters = outcomes["direct"]
     # keep_last keeps keys 4, 10_005 and 99_999 oversized, keep_first keys 5 and 99_999.
