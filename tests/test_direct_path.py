@@ -111,6 +111,17 @@ def on_error_outcomes(bs: str, spark: Any, src: str, tmp_path: Path, monkeypatch
     return outcomes
 
 
+def no_handover(monkeypatch: Any) -> None:
+    """A batch the direct path hands to the Spark SQL path fails the test (for tests whose
+    outcome, a refusal, is the same on both paths)."""
+    from dpone_dagster.engine.direct_attempt import Attempt
+
+    def refused(self: Any, result: Any, reason: Any, log: Any) -> None:
+        raise AssertionError(f"the direct path handed the batch over: {reason}")
+
+    monkeypatch.setattr(Attempt, "take_back", refused)
+
+
 def messages(records: list[dict[str, Any]]) -> Counter:
     """Keyed messages with their partition; a message without a key lands where the producer's
     sticky partitioner put it, on either path."""
@@ -702,6 +713,8 @@ def test_registry_values_that_do_not_decode_are_bad_records_on_the_direct_path(b
         failures = {}
         for path in ("on", "off"):
             monkeypatch.setenv("DPONE_DIRECT_PATH", path)
+            if path == "on":
+                no_handover(monkeypatch)
             dst = unique_topic("rbdst")
             create_topic(bs, dst, 2)
             text = manifest_text(src, dst, tmp_path / path, strategy).replace("options: {group_id:", f"options: {{{source}, group_id:")
@@ -716,6 +729,30 @@ def test_registry_values_that_do_not_decode_are_bad_records_on_the_direct_path(b
     extracted, lettered, skipped, _, produced, _, _, letters = outcomes["direct"]
     assert (extracted, lettered + skipped, produced) == (303, 3, 300)
     assert len(letters) == (3 if on_error == "dead_letter" else 0)
+
+
+def test_json_schema_values_that_do_not_decode_are_bad_records_on_the_direct_path(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """JSON Schema values: not framed, too short, not JSON, a field of another type, an array, an
+    empty value: dead letters with the same reasons on both paths."""
+    from confluent_kafka import Producer
+
+    from dpone_dagster.schema.registry import registry_client
+    from dpone_dagster.schema.wire_format import frame
+
+    bs = broker.bootstrap_servers
+    url, src = registry_topic(bs, monkeypatch)
+    produce_registry(bs, url, src, "json_schema", shop_rows(200))
+    schema_id = registry_client({"url": url}).get_latest_version(f"{src}-value").schema_id
+    bad = [(0, b'{"order_id": 1}'), (0, b"\x00\x00"), (1, frame(schema_id, b"{not json")),
+           (1, frame(schema_id, b'{"order_id": "x", "amount": 1, "tags": []}')), (0, frame(schema_id, b"[1]")), (1, b"")]
+    producer = Producer({"bootstrap.servers": bs})
+    for i, (partition, value) in enumerate(bad):
+        producer.produce(src, key=f"bad{i}".encode(), value=value, partition=partition)
+    assert producer.flush(30) == 0
+    source = "message_format: json_schema, schema_registry: {enabled: true}, on_error: dead_letter"
+    outcomes = on_error_outcomes(bs, spark, src, tmp_path, monkeypatch, "{mode: incremental_append, unique_key: order_id}", "", source)
+    assert outcomes["direct"] == outcomes["spark_sql"]
+    assert outcomes["direct"][:5] == (206, 6, 0, 0, 200) and len(outcomes["direct"][7]) == 6
 
 
 def test_a_registry_value_of_an_id_the_subject_does_not_hold_takes_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch):
@@ -1794,6 +1831,38 @@ def test_oversized_messages_keep_last_leaves_out_are_no_bad_records(broker, spar
     assert sum(written.values()) == produced
 
 
+def test_oversized_messages_of_keys_across_partitions_and_slices(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """Keys whose records are in both partitions and several slices: one whose only repeats are
+    oversized, two oversized messages of one key with the same timestamp (the partition decides),
+    one with an earlier timestamp at a later offset; both paths alike under either policy."""
+    bs = broker.bootstrap_servers
+    src = unique_topic("dosrc")
+    create_topic(bs, src, 2)
+    big = "x" * 3_000
+    odd = {  # (partition, index): (record, timestamp)
+        (0, 10): ({"order_id": 7, "blob": big}, 1_000),
+        (1, 20): ({"order_id": 7, "amount": 2.5}, 2_000),
+        (0, 900): ({"order_id": 7, "blob": big + "b"}, 3_000),
+        (1, 30): ({"order_id": 8, "blob": big + "c"}, 5_000),
+        (0, 40): ({"order_id": 8, "blob": big + "d"}, 5_000),
+        (0, 500): ({"order_id": 9, "amount": 9.5}, 100),
+        (1, 600): ({"order_id": 9, "blob": big + "e"}, 50),
+    }
+    for p in range(2):
+        rows: list[Any] = [{"order_id": p * 10_000 + i + 100, "amount": 1.5, "blob": ""} for i in range(1_000)]
+        stamps = [10_000 + i for i in range(1_000)]
+        for (partition, i), (record, stamp) in odd.items():
+            if partition == p:
+                rows[i], stamps[i] = record, stamp
+        produce_json(bs, src, rows, partition=p, timestamps=stamps)
+    for policy, counts in (("keep_last", (2_000, 2, 0, 4, 1_994)), ("keep_first", (2_000, 3, 0, 4, 1_993))):
+        strategy = f"{{mode: incremental_merge, unique_key: order_id, duplicate_policy: {policy}}}"
+        sink = "delivery: {producer_config: {message.max.bytes: 2000}}"
+        outcomes = on_error_outcomes(bs, spark, src, tmp_path / policy, monkeypatch, strategy, sink, "records_per_task: 300, on_error: dead_letter")
+        assert outcomes["direct"] == outcomes["spark_sql"], policy
+        assert outcomes["direct"][:5] == counts, policy
+
+
 def test_keys_that_repeat_with_an_oversized_message_are_refused_under_fail(broker, spark, kafka_env, tmp_path, monkeypatch):
     """duplicate_policy: fail counts an oversized message among the keys that repeat, on both paths."""
     bs = broker.bootstrap_servers
@@ -1801,6 +1870,8 @@ def test_keys_that_repeat_with_an_oversized_message_are_refused_under_fail(broke
     produce_oversized_keyed(bs, src)
     for path in ("on", "off"):
         monkeypatch.setenv("DPONE_DIRECT_PATH", path)
+        if path == "on":
+            no_handover(monkeypatch)
         dst = unique_topic("dodst")
         create_topic(bs, dst, 2)
         strategy = "{mode: incremental_merge, unique_key: order_id, duplicate_policy: fail}"
