@@ -243,7 +243,7 @@ def _kept_messages(
             raise Refused("a batch the task decoder reads record by record but not whole") from None
         why = None
         if settings.registry_source is not None:  # the reasons the Spark SQL path's decoder gives
-            why = pa.array([r for r in registry_source.reasons(settings.registry_source, raw.filter(pa.array(bad)), settings.schema)], pa.string())
+            why = pa.array(registry_source.reasons(settings.registry_source, raw.filter(pa.array(bad)), settings.schema), pa.string())
         aside.append(_aside(raw, bad, "undecodable", reasons=why))
         raw = raw.filter(pc.invert(bad))
         messages, deletes, keyless = shape(settings, raw, partition, tally, rows)

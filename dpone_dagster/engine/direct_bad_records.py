@@ -69,8 +69,7 @@ class BadRecords:
         if not self.count("oversized"):
             return task.CANDIDATES.empty_table()
         picked = self.aside.filter(pc.and_(pc.equal(self.aside["kind"], "oversized"), self.aside["message_key"].is_valid()))
-        columns = {"key": picked["message_key"], "offset": picked["offset"], "timestamp": picked["timestamp"], "partition": picked["partition"]}
-        return pa.table({name: columns[name].cast(field.type) for name, field in zip(task.CANDIDATES.names, task.CANDIDATES, strict=True)})
+        return picked.select(["message_key", "offset", "timestamp", "partition"]).rename_columns(task.CANDIDATES.names).cast(task.CANDIDATES)
 
     def settled(self, left_out: dict[int, np.ndarray]) -> None:
         """Forget the records keep_last / keep_first leave out (`left_out`, per partition): a
