@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -223,11 +224,25 @@ def produce_json(
     assert producer.flush(30) == 0
 
 
-def consume_raw(bootstrap: str, topic: str, isolation: str = "read_committed", timeout_s: float = 20.0) -> list[dict[str, Any]]:
+def consume_raw(
+    bootstrap: str, topic: str, isolation: str = "read_committed", timeout_s: float = 20.0, expected: int | None = None
+) -> list[dict[str, Any]]:
     """Every record of `topic` (all partitions) with raw bytes, headers and timestamps, read until
-    each partition reports EOF."""
-    import time
+    each partition reports EOF. With `expected` (what a run's delivery reports acknowledged), a
+    read that ends short is read again for up to `timeout_s`: once in a full suite, a read of the
+    embedded broker right after a run lacked one producer's messages to one partition, all of
+    them acknowledged to the run (cause not found; not reproduced in 200 runs alone or under
+    load). The caller still asserts on what it gets; a re-read is printed."""
+    deadline = time.monotonic() + timeout_s
+    records = _read_to_eof(bootstrap, topic, isolation, timeout_s)
+    while expected is not None and len(records) < expected and time.monotonic() < deadline:
+        print(f"consume_raw: {topic}: {len(records)} of {expected} record(s) read; reading again", file=sys.stderr)
+        time.sleep(1.0)
+        records = _read_to_eof(bootstrap, topic, isolation, timeout_s)
+    return records
 
+
+def _read_to_eof(bootstrap: str, topic: str, isolation: str, timeout_s: float) -> list[dict[str, Any]]:
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,

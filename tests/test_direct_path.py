@@ -81,7 +81,10 @@ def run_both(
         if source_options:
             text = text.replace("options: {group_id:", f"options: {{{source_options}, group_id:")
         result = run_pipeline(parse_manifest(text), spark)
-        out.append((result, consume_raw(bs, dst)))
+        records = consume_raw(bs, dst, expected=result.messages_produced)
+        arrived = {p: sorted(r["offset"] for r in records if r["partition"] == p) for p in range(partitions)}
+        assert len(records) == result.messages_produced, (path, result.messages_produced, {p: (len(o), o[:1], o[-1:]) for p, o in arrived.items()})
+        out.append((result, records))
     monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
     return out
 
@@ -102,10 +105,10 @@ def on_error_outcomes(bs: str, spark: Any, src: str, tmp_path: Path, monkeypatch
         result = run_pipeline(parse_manifest(text), spark)
         assert result.execution_path == path, result.notes
         own = ("dpone.error.run_id", "dpone.error.pipeline")  # the run's and the manifest's names
-        letters = sorted((r["key"], r["value"], tuple((k, v) for k, v in r["headers"] if k not in own)) for r in consume_raw(bs, dlq))
+        letters = sorted((r["key"], r["value"], tuple((k, v) for k, v in r["headers"] if k not in own)) for r in consume_raw(bs, dlq, expected=result.rows_dead_lettered))
         outcomes[path] = (
             result.rows_extracted, result.rows_dead_lettered, result.rows_skipped, result.duplicates_removed, result.messages_produced,
-            result.committed_offsets, in_key_order(consume_raw(bs, dst)), letters,
+            result.committed_offsets, in_key_order(consume_raw(bs, dst, expected=result.messages_produced)), letters,
         )
     monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
     return outcomes

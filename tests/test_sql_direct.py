@@ -119,7 +119,7 @@ def run_both(
         create_topic(bs, dst, 2)
         text = manifest_text(dst, tmp_path / path, strategy, sink_options, quality)
         result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id="sqldirect"))
-        out.append((result, consume_raw(bs, dst)))
+        out.append((result, consume_raw(bs, dst, expected=result.messages_produced)))
     monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
     return out
 
