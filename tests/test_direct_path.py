@@ -758,19 +758,40 @@ def test_json_schema_values_that_do_not_decode_are_bad_records_on_the_direct_pat
     assert outcomes["direct"][:5] == (206, 6, 0, 0, 200) and len(outcomes["direct"][7]) == 6
 
 
-def test_a_registry_value_of_an_id_the_subject_does_not_hold_takes_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch):
-    """The Spark SQL path fetches a schema id the subject does not hold by its id; the direct path
-    hands such a batch over, and the bad values are judged there."""
+@pytest.mark.parametrize("on_error", ["skip", "dead_letter"])
+def test_registry_ids_outside_the_subject_are_fetched_by_id_on_the_direct_path(broker, spark, kafka_env, tmp_path, monkeypatch, on_error):
+    """Values of an id registered under another subject (another producer's schema) are fetched
+    by that id, as the Spark SQL path fetches them, and decoded in the tasks; an id the registry
+    does not hold is a bad record with that path's reason. The same target, counts and dead
+    letters on both paths."""
+    import io
+    import json
+
+    import fastavro
+    from confluent_kafka import Producer
+    from confluent_kafka.schema_registry import Schema
+
+    from dpone_dagster.schema.registry import registry_client
+    from dpone_dagster.schema.wire_format import frame
+
     bs = broker.bootstrap_servers
     url, src = registry_topic(bs, monkeypatch)
     produce_bad_registry_values(bs, url, src, unknown_id=True)
-    dst = unique_topic("rb_unknown")
-    create_topic(bs, dst, 2)
-    text = manifest_text(src, dst, tmp_path, "{mode: incremental_append, unique_key: order_id}")
-    text = text.replace("options: {group_id:", "options: {message_format: avro, schema_registry: {enabled: true}, on_error: skip, group_id:")
-    result = run_pipeline(parse_manifest(text), spark)
-    assert result.execution_path == "spark_sql" and any("unknown schema id 424242" in n for n in result.notes), result.notes
-    assert result.rows_skipped == 4 and len(consume_raw(bs, dst)) == result.messages_produced == 300
+    other_id = registry_client({"url": url}).register_schema("shop.Order-other", Schema(json.dumps(SHOP_V2), "AVRO"))
+    parsed, producer = fastavro.parse_schema(SHOP_V2), Producer({"bootstrap.servers": bs})
+    for row in shop_rows(50, 400):
+        buffer = io.BytesIO()
+        fastavro.schemaless_writer(buffer, parsed, {**row, "channel": "app"})
+        producer.produce(src, key=str(row["order_id"]).encode(), value=frame(other_id, buffer.getvalue()), partition=row["order_id"] % 2)
+    assert producer.flush(30) == 0
+    source = f"message_format: avro, schema_registry: {{enabled: true}}, on_error: {on_error}"
+    outcomes = on_error_outcomes(bs, spark, src, tmp_path, monkeypatch, "{mode: incremental_append, unique_key: order_id}", "", source)
+    assert outcomes["direct"] == outcomes["spark_sql"]
+    extracted, lettered, skipped, _, produced, _, (_, per_key), letters = outcomes["direct"]
+    assert (extracted, lettered + skipped, produced) == (354, 4, 350)
+    assert sum(b'"channel":"app"' in value for values in per_key.values() for value in values) == 50
+    reasons = [v for _, _, headers in letters for _, v in headers if b"unknown schema id 424242" in (v or b"")]
+    assert len(reasons) == (1 if on_error == "dead_letter" else 0)
 
 
 def test_a_late_record_of_a_newer_version_counts_among_the_batchs_versions(broker, spark, kafka_env, tmp_path, monkeypatch):

@@ -129,6 +129,17 @@ class Undecodable(Refused):
     decoder judges it) or registry-framed (a bad record, with the decoder's reason)."""
 
 
+UNPLANNED = "schema id(s) outside the plan"
+
+
+class UnplannedIds(Refused):
+    """Registry-framed values of ids the plan does not hold: the scan stops and reports every id
+    of its slices, for the driver to fetch them by id and scan again."""
+
+    def __init__(self, ids: set[int]):
+        super().__init__(f"{UNPLANNED}: {sorted(ids)}")
+
+
 # Records a scan task sets aside for the driver (more go to the Spark SQL path): the raw record,
 # why (undecodable: the task decoder does not read it; keyless: an upsert without its unique key;
 # oversized: its message exceeds message.max.bytes) and, when oversized, the message's size.
@@ -206,6 +217,9 @@ def decoded(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBat
             raise Undecodable("an envelope without its op, or an upsert without its data")
         return raw, columns, is_delete
     if settings.registry_source is not None:
+        unplanned = registry_source.unplanned_ids(settings.registry_source, values)
+        if unplanned:
+            raise UnplannedIds(unplanned)
         try:
             return raw, registry_source.decode_values(settings.registry_source, raw, settings.schema), tombstone
         except registry_source.Undecodable as exc:
@@ -354,12 +368,23 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                     kept[-1] = (piece, kept[-1][1] + messages.num_rows)
                     rows += messages.num_rows + (found if settings.deletes == "skip" else 0)
                     size += int(pc.sum(lengths).as_py() or 0)
+    except UnplannedIds as exc:
+        return ScanReport(rows, size, str(exc), schema_ids=frozenset(schema_ids_of(settings, slices)))
     except Refused as exc:
         return ScanReport(rows, size, str(exc))
     return ScanReport(
         rows, size, None, TaskHashes.of(hashes) if settings.hashed else None, late, deletes, frozenset(ids), tally,
         pa.Table.from_batches(set_aside) if set_aside else None, tuple(kept),
     )
+
+
+def schema_ids_of(settings: DirectSettings, slices: list[Slice]) -> set[int]:
+    """Every schema id the values of `slices` carry (late records' too), read without decoding."""
+    ids: set[int] = set()
+    for piece in slices:
+        for raw in read_one_range(settings.reader, *piece):
+            ids |= registry_source.schema_ids(raw.column("value"))
+    return ids
 
 
 def screen_late(settings: DirectSettings, partition: int, raw: pa.RecordBatch) -> tuple[pa.RecordBatch, dict[int, int]]:

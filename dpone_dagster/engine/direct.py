@@ -93,7 +93,7 @@ from dpone_dagster.spark.slots import local_task_slots, produce_slots
 # What a read task may wait on the broker beyond its records (the reader's empty polls, a
 # consumer's connection set-up): the scan's part of a job bound (spark/jobs.py).
 READ_WAIT_S = 60.0
-# Scans of one batch: a plan is widened (JSON) or narrowed (registry) once, and a source is one or the other.
+# Scans of one batch: a plan is widened (JSON), or narrowed or fetched by id (registry), once; a source is one or the other.
 MAX_SCANS = 2
 # kafka_offsets is an append whose state is the source offsets (as every Kafka source run's).
 STRATEGIES = ("incremental_append", "kafka_offsets", "incremental_merge", "full_refresh", "replace")
@@ -187,6 +187,7 @@ def _copy(
             reports, found = _scan(spark, jobs, settings, groups, read_bound)
             refused = next((r.refused for r in reports if r.refused), None)
             if refused is not None:
+                _fetch_unplanned_ids(planned, settings, reports)
                 raise ToSparkSql(refused)
             source_notes = _decoded_as_planned(planned, settings, reports)
             if isinstance(planned.source, LateRecordScreen):  # the policy fails the run here, before producing
@@ -265,6 +266,22 @@ def _copy(
     return Delivered(stats, rows - removed)
 
 
+def _fetch_unplanned_ids(planned: PlannedRead, settings: task.DirectSettings, reports: list[task.ScanReport]) -> None:
+    """ScanAgain when every task that stopped did so on schema ids the plan lacks (an id
+    registered under another subject): the batch's ids are fetched by id, as the Spark SQL path
+    fetches them, and the batch is decoded with those."""
+    registry = settings.registry_source
+    if registry is None or not all(r.refused.startswith(task.UNPLANNED) for r in reports if r.refused):
+        return
+    source = batch_source(planned)
+    assert source is not None
+    seen = set().union(*(r.schema_ids for r in reports))
+    plan = source.registry_plan_by_id(registry, seen)
+    source.use_registry_plan(planned.boundary, plan)
+    fetched = sorted(set(plan.schemas) - set(registry.schemas))
+    raise ScanAgain(f"schema id(s) {fetched or 'none'} fetched by id and {sorted(plan.missing)} unknown to the registry, outside the subject's versions")
+
+
 def _decoded_as_planned(planned: PlannedRead, settings: task.DirectSettings, reports: list[task.ScanReport]) -> list[str]:
     """The source's notes, as the Spark SQL path gives them. A registry source was decoded with
     every version of its subject; the Spark SQL path merges only the versions the batch carries,
@@ -281,7 +298,10 @@ def _decoded_as_planned(planned: PlannedRead, settings: task.DirectSettings, rep
     if nullable_schema(narrowed.schema) != nullable_schema(registry.schema):
         source.use_registry_plan(planned.boundary, narrowed)
         raise ScanAgain(f"the batch's schema versions {sorted(seen)} merge into another payload schema than the subject's: decoded with those only")
-    return [f"{registry.fmt}: schema id(s) {sorted(narrowed.schemas)} from the registry"]
+    notes = [f"{registry.fmt}: schema id(s) {sorted(narrowed.schemas)} from the registry"]
+    if narrowed.missing:  # as the Spark SQL path notes them
+        notes.append(f"unknown schema id(s) {sorted(narrowed.missing)}: their records are reported as undecodable")
+    return notes
 
 
 def _remove_spills(

@@ -45,6 +45,12 @@ def schema_ids(values: pa.Array) -> set[int]:
     return {int.from_bytes(v, "big") for v in pc.unique(pc.binary_slice(framed, 1, 5)).to_pylist()}
 
 
+def unplanned_ids(plan: RegistryPlan, values: pa.Array) -> set[int]:
+    """The schema ids framed in `values` that the plan neither holds nor knows to be missing
+    from the registry."""
+    return schema_ids(values) - set(plan.schemas) - plan.missing
+
+
 def reasons(plan: RegistryPlan, raw: pa.RecordBatch, schema: pa.Schema) -> list[str | None]:
     """Why the decoder does not read each value of `raw` (None for one it reads), as the Spark SQL
     path's decoder says it ("... at partition@offset")."""
@@ -95,8 +101,8 @@ def decode_records(plan: RegistryPlan, raw: pa.RecordBatch, schema: pa.Schema) -
             rows.append(None)
             continue
         row, reason = decoder.decode(value, f"{partition}@{offset}")
-        if reason is not None:
-            raise Undecodable(reason, bad_record=not reason.startswith("unknown schema id"))
+        if reason is not None:  # an id outside the plan is fetched first (unplanned_ids), unless the registry lacks it
+            raise Undecodable(reason, bad_record=not reason.startswith("unknown schema id") or bool(schema_ids(pa.array([value])) & plan.missing))
         rows.append(row)
     try:
         struct = pa.array(rows, type=pa.struct(list(schema)))

@@ -88,6 +88,8 @@ class RegistryPlan:
     schemas: dict[int, tuple[str, str]]  # schema id -> (schema type, schema string)
     references: dict[int, tuple[tuple[str, str], ...]] | None  # protobuf imports per id
     schema: StructType  # the payload schema over every version (as the Spark SQL path merges them)
+    # Ids a batch carries that the registry does not hold: their records are undecodable bad records.
+    missing: frozenset[int] = frozenset()
 
 
 # The direct path decodes with every version of a subject; a subject with more takes the Spark SQL
@@ -388,7 +390,29 @@ class KafkaBatchSource:
         merges them (pure but for loading the schemas)."""
         schemas = {i: plan.schemas[i] for i in ids if i in plan.schemas}
         references = {i: r for i, r in plan.references.items() if i in schemas} if plan.references is not None else None
-        return RegistryPlan(plan.fmt, schemas, references, self.registry_schema(plan.fmt, schemas, references))
+        missing = plan.missing & frozenset(ids)
+        return RegistryPlan(plan.fmt, schemas, references, self.registry_schema(plan.fmt, schemas, references), missing)
+
+    def registry_plan_by_id(self, plan: RegistryPlan, ids: set[int]) -> RegistryPlan:
+        """The plan of a batch that carries `ids` (all of them): those outside `plan` fetched by id,
+        as the Spark SQL path fetches every id of a batch; ids the registry does not hold are
+        `missing`. Merged over `ids` only, as that path merges them."""
+        from dpone_dagster.schema.registry import (
+            references_by_id,
+            registry_client,
+            registry_errors,
+            schemas_by_id,
+        )
+
+        assert self.registry_config is not None
+        fetch = set(ids) - set(plan.schemas) - plan.missing
+        client = registry_client(self.registry_config)
+        with registry_errors(self.registry_config):
+            found = schemas_by_id(client, fetch, message_format=plan.fmt)
+            found_references = references_by_id(client, found) if plan.fmt == "protobuf" else None
+        references = {**(plan.references or {}), **(found_references or {})} if plan.fmt == "protobuf" else None
+        every = RegistryPlan(plan.fmt, {**plan.schemas, **found}, references, plan.schema, plan.missing | frozenset(fetch - set(found)))
+        return self.narrowed_registry_plan(every, ids)
 
     def use_registry_plan(self, boundary: Boundary, plan: RegistryPlan) -> None:
         """Decode `boundary` with `plan` from now on."""
