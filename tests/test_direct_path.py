@@ -1977,3 +1977,54 @@ def test_both_direct_paths_key_and_delete_by_one_rule():
     assert direct_shape.delete_mode(sink({}, {"deletes": {"when_disabled": "skip"}})) == "skip"
     assert direct_shape.delete_mode(sink({})) == "fail"
 
+
+def test_a_late_record_of_another_subjects_id_is_fetched_by_id_as_the_spark_sql_path_fetches_it(broker, spark, kafka_env, tmp_path, monkeypatch):
+    import io
+    from datetime import UTC, datetime, timedelta
+
+    import fastavro
+    from confluent_kafka.schema_registry import Schema
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from test_time_windows import manifest_text as window_manifest
+
+    from dpone_dagster.kafka.windows import Window
+    from dpone_dagster.schema.registry import registry_client
+    from dpone_dagster.schema.wire_format import frame
+
+    bs = broker.bootstrap_servers
+    url, src = registry_topic(bs, monkeypatch)
+    client = registry_client({"url": url})
+    context = SerializationContext(src, MessageField.VALUE)
+    v1 = AvroSerializer(client, json.dumps(SHOP_V1))
+    other_id = client.register_schema("shop.Order-other", Schema(json.dumps(SHOP_V2), "AVRO"))
+    parsed = fastavro.parse_schema(SHOP_V2)
+
+    def other(row):
+        buffer = io.BytesIO()
+        fastavro.schemaless_writer(buffer, parsed, {**row, "channel": "web"})
+        return frame(other_id, buffer.getvalue())
+
+    start = datetime(2024, 3, 1, tzinfo=UTC)
+    minutes = [5, 20, 70, 55, 80, 100]
+    values = [other(r) if m == 55 else v1(r, context) for r, m in zip(shop_rows(6), minutes, strict=True)]
+    produce_json(bs, src, values, partition=0, timestamps=[int((start + timedelta(minutes=m)).timestamp() * 1000) for m in minutes])
+    windows = [Window(start + timedelta(hours=h), start + timedelta(hours=h + 1), f"2024-03-01-{h:02d}:00") for h in (0, 1)]
+    out = {}
+    for path in ("direct", "spark_sql"):
+        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
+        dst, dlq = unique_topic(f"rl_{path}"), unique_topic(f"rll_{path}")
+        create_topic(bs, dst, 2)
+        create_topic(bs, dlq, 1)
+        source = f"    message_format: avro\n    schema_registry: {{enabled: true}}\n    dead_letter: {{topic: {dlq}}}"
+        text = window_manifest(src, dst, tmp_path / path, ", late_records: dead_letter", source)
+        text = text.replace(f"  topic: {dst}\n", f"  topic: {dst}\n  options: {{message_format: avro, schema_registry: {{enabled: true}}}}\n")
+        result = run_pipeline(parse_manifest(text), spark, RunRequest(windows=windows))
+        out[path] = result, consume_raw(bs, dst), len(consume_raw(bs, dlq))
+    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+    registered = [[f["name"] for f in r.schema_evolution["evolution"]["result_schema"]] for r, _, _ in out.values()]
+    assert registered[0] == registered[1], registered
+    assert out["direct"][0].execution_path == "direct", out["direct"][0].notes
+    keyless = {path: Counter({m[1:]: n for m, n in normalized(r, recs, True).items()}) for path, (r, recs, _) in out.items()}  # no key: any partition
+    assert keyless["direct"] == keyless["spark_sql"]
+    assert out["direct"][2] == out["spark_sql"][2] == 1

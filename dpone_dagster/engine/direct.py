@@ -293,6 +293,9 @@ def _decoded_as_planned(planned: PlannedRead, settings: task.DirectSettings, rep
     if registry is None:
         return list(source.json_plan(planned.boundary).notes)
     seen = set().union(*(r.schema_ids for r in reports))
+    if seen - set(registry.schemas) - registry.missing:  # ids only held-back late records carry
+        source.use_registry_plan(planned.boundary, source.registry_plan_by_id(registry, seen))
+        raise ScanAgain(f"the batch's schema versions {sorted(seen)} include ids outside the subject's: fetched by id")
     narrowed = source.narrowed_registry_plan(registry, seen)
     # Both paths decode with every field nullable; only names, types and their order matter.
     if nullable_schema(narrowed.schema) != nullable_schema(registry.schema):
