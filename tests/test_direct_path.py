@@ -794,28 +794,20 @@ def test_registry_ids_outside_the_subject_are_fetched_by_id_on_the_direct_path(b
     assert len(reasons) == (1 if on_error == "dead_letter" else 0)
 
 
-def test_a_late_record_of_a_newer_version_counts_among_the_batchs_versions(broker, spark, kafka_env, tmp_path, monkeypatch):
-    """A time-window batch of v1 records whose only v2 record is late and held back for the
-    dead-letter topic: the Spark SQL path merges v1 and v2 (the versions of every record read),
-    and so does the direct path, which registers the same schema and writes the same messages."""
+LATE_MINUTES = [5, 20, 70, 55, 80, 100]  # minutes past the first window's start: the 4th is late in the second window
+
+
+def late_window_runs(bs: str, spark: Any, tmp_path: Path, monkeypatch: Any, src: str, values: list[bytes]) -> dict[str, tuple[Any, list[dict[str, Any]], int]]:
+    """`values` produced at LATE_MINUTES, then one Avro-to-Avro run of the two hourly windows with
+    late records to the dead-letter topic on each path: its result, target records and letters."""
     from datetime import UTC, datetime, timedelta
 
-    from confluent_kafka.schema_registry.avro import AvroSerializer
-    from confluent_kafka.serialization import MessageField, SerializationContext
     from test_time_windows import manifest_text as window_manifest
 
     from dpone_dagster.kafka.windows import Window
-    from dpone_dagster.schema.registry import registry_client
 
-    bs = broker.bootstrap_servers
-    url, src = registry_topic(bs, monkeypatch)
-    client = registry_client({"url": url})
-    context = SerializationContext(src, MessageField.VALUE)
-    v1, v2 = AvroSerializer(client, json.dumps(SHOP_V1)), AvroSerializer(client, json.dumps(SHOP_V2))
     start = datetime(2024, 3, 1, tzinfo=UTC)
-    minutes = [5, 20, 70, 55, 80, 100]  # the 4th (v2) is late in the second window
-    values = [v2({**r, "channel": "web"}, context) if m == 55 else v1(r, context) for r, m in zip(shop_rows(6), minutes, strict=True)]
-    produce_json(bs, src, values, partition=0, timestamps=[int((start + timedelta(minutes=m)).timestamp() * 1000) for m in minutes])
+    produce_json(bs, src, values, partition=0, timestamps=[int((start + timedelta(minutes=m)).timestamp() * 1000) for m in LATE_MINUTES])
     windows = [Window(start + timedelta(hours=h), start + timedelta(hours=h + 1), f"2024-03-01-{h:02d}:00") for h in (0, 1)]
     out = {}
     for path in ("direct", "spark_sql"):
@@ -827,9 +819,28 @@ def test_a_late_record_of_a_newer_version_counts_among_the_batchs_versions(broke
         text = window_manifest(src, dst, tmp_path / path, ", late_records: dead_letter", source)
         text = text.replace(f"  topic: {dst}\n", f"  topic: {dst}\n  options: {{message_format: avro, schema_registry: {{enabled: true}}}}\n")
         result = run_pipeline(parse_manifest(text), spark, RunRequest(windows=windows))
-        assert result.execution_path == path, result.notes
         out[path] = result, consume_raw(bs, dst), len(consume_raw(bs, dlq))
     monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+    return out
+
+
+def test_a_late_record_of_a_newer_version_counts_among_the_batchs_versions(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """A time-window batch of v1 records whose only v2 record is late and held back for the
+    dead-letter topic: the Spark SQL path merges v1 and v2 (the versions of every record read),
+    and so does the direct path, which registers the same schema and writes the same messages."""
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from dpone_dagster.schema.registry import registry_client
+
+    bs = broker.bootstrap_servers
+    url, src = registry_topic(bs, monkeypatch)
+    client = registry_client({"url": url})
+    context = SerializationContext(src, MessageField.VALUE)
+    v1, v2 = AvroSerializer(client, json.dumps(SHOP_V1)), AvroSerializer(client, json.dumps(SHOP_V2))
+    values = [v2({**r, "channel": "web"}, context) if m == 55 else v1(r, context) for r, m in zip(shop_rows(6), LATE_MINUTES, strict=True)]
+    out = late_window_runs(bs, spark, tmp_path, monkeypatch, src, values)
+    assert [r.execution_path for r, _, _ in out.values()] == ["direct", "spark_sql"], out["direct"][0].notes
     (direct, direct_records, direct_letters), (sql, sql_records, sql_letters) = out["direct"], out["spark_sql"]
     registered = [[f["name"] for f in r.schema_evolution["evolution"]["result_schema"]] for r in (direct, sql)]
     assert registered[0] == registered[1] == ["order_id", "note", "amount", "tags", "channel"], registered
@@ -1366,6 +1377,37 @@ def test_a_produce_task_without_its_spill_reads_the_slice_again(broker, kafka_en
     assert again["offset"].to_pylist() == [1_000, 1_001, 1_002, *range(1_004, 1_010)]
     with pytest.raises(RuntimeError, match="sets aside records its scan did not"):
         list(task.slice_messages(screening, bad_piece, None))
+
+
+def test_a_scan_stopped_by_an_unplanned_schema_id_reports_the_ids_of_all_its_slices(broker, kafka_env):
+    """No Spark here: the task function. A JSON Schema source planned with id 1 only, one record
+    per Arrow batch: the scan stops at partition 0's id-2 value (offset 1) and reads what follows
+    for its ids only (id 3 further on, id 4 in the next slice), for the driver to fetch them all."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from dpone_dagster.schema.wire_format import frame
+    from dpone_dagster.sources.kafka import RegistryPlan
+
+    bs = broker.bootstrap_servers
+    src = unique_topic("dsrc")
+    create_topic(bs, src, 2)
+    produce_json(bs, src, [frame(i, json.dumps({"order_id": n}).encode()) for n, i in enumerate([1, 2, 1, 3, 1])], partition=0)
+    produce_json(bs, src, [frame(4, b'{"order_id": 9}')], partition=1)
+    plan = RegistryPlan("json_schema", {1: ("JSON", '{"type": "object"}')}, None, StructType([StructField("order_id", LongType())]))
+    settings = task.DirectSettings(
+        reader=ReaderSettings(client_config={"bootstrap.servers": bs}, group_id="g", arrow_batch_rows=1),
+        schema=pa.schema([("order_id", pa.int64())]),
+        key_columns=None,
+        hashed=False,
+        max_message_bytes=1_000_000,
+        run_id="r-ids",
+        registry_source=plan,
+    )
+    slices = [(src, 0, 0, 5), (src, 1, 0, 1)]
+    report = task.scan(settings, slices)
+    task.remove_spills(settings, slices)
+    assert report.refused is not None and report.refused.startswith(task.UNPLANNED), report.refused
+    assert report.schema_ids == {1, 2, 3, 4}
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -1980,15 +2022,12 @@ def test_both_direct_paths_key_and_delete_by_one_rule():
 
 def test_a_late_record_of_another_subjects_id_is_fetched_by_id_as_the_spark_sql_path_fetches_it(broker, spark, kafka_env, tmp_path, monkeypatch):
     import io
-    from datetime import UTC, datetime, timedelta
 
     import fastavro
     from confluent_kafka.schema_registry import Schema
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
-    from test_time_windows import manifest_text as window_manifest
 
-    from dpone_dagster.kafka.windows import Window
     from dpone_dagster.schema.registry import registry_client
     from dpone_dagster.schema.wire_format import frame
 
@@ -2005,23 +2044,8 @@ def test_a_late_record_of_another_subjects_id_is_fetched_by_id_as_the_spark_sql_
         fastavro.schemaless_writer(buffer, parsed, {**row, "channel": "web"})
         return frame(other_id, buffer.getvalue())
 
-    start = datetime(2024, 3, 1, tzinfo=UTC)
-    minutes = [5, 20, 70, 55, 80, 100]
-    values = [other(r) if m == 55 else v1(r, context) for r, m in zip(shop_rows(6), minutes, strict=True)]
-    produce_json(bs, src, values, partition=0, timestamps=[int((start + timedelta(minutes=m)).timestamp() * 1000) for m in minutes])
-    windows = [Window(start + timedelta(hours=h), start + timedelta(hours=h + 1), f"2024-03-01-{h:02d}:00") for h in (0, 1)]
-    out = {}
-    for path in ("direct", "spark_sql"):
-        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
-        dst, dlq = unique_topic(f"rl_{path}"), unique_topic(f"rll_{path}")
-        create_topic(bs, dst, 2)
-        create_topic(bs, dlq, 1)
-        source = f"    message_format: avro\n    schema_registry: {{enabled: true}}\n    dead_letter: {{topic: {dlq}}}"
-        text = window_manifest(src, dst, tmp_path / path, ", late_records: dead_letter", source)
-        text = text.replace(f"  topic: {dst}\n", f"  topic: {dst}\n  options: {{message_format: avro, schema_registry: {{enabled: true}}}}\n")
-        result = run_pipeline(parse_manifest(text), spark, RunRequest(windows=windows))
-        out[path] = result, consume_raw(bs, dst), len(consume_raw(bs, dlq))
-    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+    values = [other(r) if m == 55 else v1(r, context) for r, m in zip(shop_rows(6), LATE_MINUTES, strict=True)]
+    out = late_window_runs(bs, spark, tmp_path, monkeypatch, src, values)
     registered = [[f["name"] for f in r.schema_evolution["evolution"]["result_schema"]] for r, _, _ in out.values()]
     assert registered[0] == registered[1], registered
     assert out["direct"][0].execution_path == "direct", out["direct"][0].notes

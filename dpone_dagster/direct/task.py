@@ -339,15 +339,18 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
     set_aside: list[pa.RecordBatch] = []
     kept_aside = kept_bytes = 0
     kept: list[tuple[Slice, int]] = []
+    unread = list(slices)  # what the scan has not yet counted the schema ids of
     sweep_stale_spills(settings.run_id)
     try:
-        for piece in slices:
+        for number, piece in enumerate(slices):
+            unread = list(slices[number:])
             kept.append((piece, 0))
             rows_file = SpillWriter(rows_path(settings, piece), rows_schema(settings.schema)) if settings.keep_rows else None
             with SpillWriter(spill_path(settings, piece), MESSAGE_SCHEMA) as spill, rows_file or contextlib.nullcontext():
                 for raw in read_one_range(settings.reader, *piece):
                     if settings.registry_source is not None:  # late records' too, as the Spark SQL path fetches them
                         ids |= registry_source.schema_ids(raw.column("value"))
+                        unread[0] = _after(piece, raw)
                     raw, found_late = screen_late(settings, piece[1], raw)
                     for index, n in found_late.items():
                         late[index] = late.get(index, 0) + n
@@ -368,8 +371,8 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                     kept[-1] = (piece, kept[-1][1] + messages.num_rows)
                     rows += messages.num_rows + (found if settings.deletes == "skip" else 0)
                     size += int(pc.sum(lengths).as_py() or 0)
-    except UnplannedIds as exc:
-        return ScanReport(rows, size, str(exc), schema_ids=frozenset(schema_ids_of(settings, slices)))
+    except UnplannedIds as exc:  # the ids of what is left are read without decoding
+        return ScanReport(rows, size, str(exc), schema_ids=frozenset(ids | schema_ids_of(settings, unread)))
     except Refused as exc:
         return ScanReport(rows, size, str(exc))
     return ScanReport(
@@ -378,10 +381,18 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
     )
 
 
+def _after(piece: Slice, raw: pa.RecordBatch) -> Slice:
+    """What of `piece` follows the records of `raw`."""
+    topic, partition, start, end = piece
+    return (topic, partition, int(raw.column("offset")[-1].as_py()) + 1 if raw.num_rows else start, end)
+
+
 def schema_ids_of(settings: DirectSettings, slices: list[Slice]) -> set[int]:
     """Every schema id the values of `slices` carry (late records' too), read without decoding."""
     ids: set[int] = set()
     for piece in slices:
+        if piece[2] >= piece[3]:
+            continue
         for raw in read_one_range(settings.reader, *piece):
             ids |= registry_source.schema_ids(raw.column("value"))
     return ids

@@ -187,9 +187,10 @@ def _copy(
             reports, found = _scan(spark, jobs, settings, groups, read_bound)
             refused = next((r.refused for r in reports if r.refused), None)
             if refused is not None:
-                _fetch_unplanned_ids(planned, settings, reports)
+                if all(r.refused.startswith(task.UNPLANNED) for r in reports if r.refused):
+                    _fetch_by_id(planned, settings, reports, scan, "outside the subject's versions")
                 raise ToSparkSql(refused)
-            source_notes = _decoded_as_planned(planned, settings, reports)
+            source_notes = _decoded_as_planned(planned, settings, reports, scan)
             if isinstance(planned.source, LateRecordScreen):  # the policy fails the run here, before producing
                 late = {w["start"]: sum(r.late.get(i, 0) for r in reports) for i, w in enumerate(boundary.windows)}
                 total = judge_late_records(planned.source.policy, late, result, log)
@@ -266,23 +267,25 @@ def _copy(
     return Delivered(stats, rows - removed)
 
 
-def _fetch_unplanned_ids(planned: PlannedRead, settings: task.DirectSettings, reports: list[task.ScanReport]) -> None:
-    """ScanAgain when every task that stopped did so on schema ids the plan lacks (an id
-    registered under another subject): the batch's ids are fetched by id, as the Spark SQL path
-    fetches them, and the batch is decoded with those."""
+def _fetch_by_id(planned: PlannedRead, settings: task.DirectSettings, reports: list[task.ScanReport], scan: int, why: str) -> None:
+    """ScanAgain with the batch's schema ids fetched by id, as the Spark SQL path fetches them,
+    when the scans found ids the plan lacks (an id registered under another subject). On the last
+    scan the batch goes to the Spark SQL path without fetching: a scan again would send it there.
+    """
     registry = settings.registry_source
-    if registry is None or not all(r.refused.startswith(task.UNPLANNED) for r in reports if r.refused):
-        return
+    assert registry is not None
+    seen = set().union(*(r.schema_ids for r in reports))
+    if scan == MAX_SCANS:
+        raise ToSparkSql(f"schema id(s) {sorted(seen - set(registry.schemas) - registry.missing)} {why}, found after {scan} scans")
     source = batch_source(planned)
     assert source is not None
-    seen = set().union(*(r.schema_ids for r in reports))
     plan = source.registry_plan_by_id(registry, seen)
     source.use_registry_plan(planned.boundary, plan)
     fetched = sorted(set(plan.schemas) - set(registry.schemas))
-    raise ScanAgain(f"schema id(s) {fetched or 'none'} fetched by id and {sorted(plan.missing)} unknown to the registry, outside the subject's versions")
+    raise ScanAgain(f"schema id(s) {fetched or 'none'} {why}: fetched by id, {sorted(plan.missing)} unknown to the registry")
 
 
-def _decoded_as_planned(planned: PlannedRead, settings: task.DirectSettings, reports: list[task.ScanReport]) -> list[str]:
+def _decoded_as_planned(planned: PlannedRead, settings: task.DirectSettings, reports: list[task.ScanReport], scan: int) -> list[str]:
     """The source's notes, as the Spark SQL path gives them. A registry source was decoded with
     every version of its subject; the Spark SQL path merges only the versions the batch carries,
     so a batch whose versions merge into another payload schema is scanned again with those
@@ -294,8 +297,7 @@ def _decoded_as_planned(planned: PlannedRead, settings: task.DirectSettings, rep
         return list(source.json_plan(planned.boundary).notes)
     seen = set().union(*(r.schema_ids for r in reports))
     if seen - set(registry.schemas) - registry.missing:  # ids only held-back late records carry
-        source.use_registry_plan(planned.boundary, source.registry_plan_by_id(registry, seen))
-        raise ScanAgain(f"the batch's schema versions {sorted(seen)} include ids outside the subject's: fetched by id")
+        _fetch_by_id(planned, settings, reports, scan, "of late records, outside the subject's versions")
     narrowed = source.narrowed_registry_plan(registry, seen)
     # Both paths decode with every field nullable; only names, types and their order matter.
     if nullable_schema(narrowed.schema) != nullable_schema(registry.schema):

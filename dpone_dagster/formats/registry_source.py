@@ -7,8 +7,9 @@ reader, where they give the same result.
 
 A value the decoder cannot read raises Undecodable: a bad record (a wrong magic byte, a payload
 that does not decode, of another type or record) is set aside by the task, with the decoder's
-reason, and judged by the bad-record policy; an id not in the subject (the Spark SQL path fetches
-it by id) or a value that does not fit the payload schema takes the batch to the Spark SQL path."""
+reason, and judged by the bad-record policy; an id outside the plan stops the task, for the
+driver to fetch the batch's ids by id (as the Spark SQL path fetches them) and scan again; a value
+that does not fit the payload schema takes the batch to the Spark SQL path."""
 
 from __future__ import annotations
 
