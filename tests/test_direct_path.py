@@ -542,6 +542,46 @@ def test_a_registry_source_is_decoded_in_the_tasks_as_the_spark_sql_path_decodes
     assert [n for n in direct.notes if "schema id" in n] == [n for n in sql.notes if "schema id" in n]
 
 
+
+@pytest.mark.parametrize("subject", ["record", "empty", "many_versions"])
+def test_a_registry_source_its_subject_does_not_plan_is_planned_from_the_batchs_ids(broker, spark, kafka_env, tmp_path, monkeypatch, subject):
+    """The topic's subject does not tell the batch's schemas: values written under the record
+    subject strategy, values of another subject's ids only (the topic's subject is empty), or a
+    subject with more versions than the direct path decodes with. The batch's ids are read in the
+    tasks and fetched by id, as the Spark SQL path fetches them: the same schema registered and
+    the same messages on both paths."""
+    import json
+
+    from confluent_kafka.schema_registry import record_subject_name_strategy
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from dpone_dagster.schema.registry import registry_client
+    from dpone_dagster.sources import kafka as kafka_source
+
+    bs = broker.bootstrap_servers
+    url, src = registry_topic(bs, monkeypatch)
+    client = registry_client({"url": url})
+    context = SerializationContext(src, MessageField.VALUE)
+    # Registered under the record's name, under another subject only, or under the topic's.
+    naming = {"record": record_subject_name_strategy, "empty": lambda ctx, name: "shop.Order-other"}.get(subject)
+    conf = {"subject.name.strategy": naming} if naming else {}
+    v1, v2 = (AvroSerializer(client, json.dumps(schema), conf=conf) for schema in (SHOP_V1, SHOP_V2))
+    if subject == "many_versions":
+        monkeypatch.setattr(kafka_source, "MAX_SUBJECT_VERSIONS", 1)
+    rows = shop_rows(400)
+    produce_json(bs, src, [(v2 if i % 3 == 0 else v1)({**r, "channel": "web"} if i % 3 == 0 else r, context) for i, r in enumerate(rows)], partition=0)
+    source = "message_format: avro, schema_registry: {enabled: true"
+    source += ", subject_name_strategy: record, record_name: Order, record_namespace: shop}" if subject == "record" else "}"
+    sink = "message_format: avro, schema_registry: {enabled: true}"
+    (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path, monkeypatch, "{mode: incremental_append, unique_key: order_id}", sink, 2, source)
+    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
+    assert len(direct_records) == 400
+    registered = [[f["name"] for f in r.schema_evolution["evolution"]["result_schema"]] for r in (direct, sql)]
+    assert registered[0] == registered[1] == ["order_id", "note", "amount", "tags", "channel"], registered
+    assert normalized(direct, direct_records, True) == normalized(sql, sql_records, True)
+    assert [n for n in direct.notes if "schema id" in n] == [n for n in sql.notes if "schema id" in n]
+
 TYPED = {"type": "record", "name": "Payment", "namespace": "shop", "fields": [
     {"name": "order_id", "type": "long"},
     {"name": "qty", "type": "int"},

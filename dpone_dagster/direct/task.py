@@ -372,7 +372,7 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                     rows += messages.num_rows + (found if settings.deletes == "skip" else 0)
                     size += int(pc.sum(lengths).as_py() or 0)
     except UnplannedIds as exc:  # the ids of what is left are read without decoding
-        return ScanReport(rows, size, str(exc), schema_ids=frozenset(ids | schema_ids_of(settings, unread)))
+        return ScanReport(rows, size, str(exc), schema_ids=frozenset(ids | schema_ids_of(settings.reader, unread)))
     except Refused as exc:
         return ScanReport(rows, size, str(exc))
     return ScanReport(
@@ -387,13 +387,13 @@ def _after(piece: Slice, raw: pa.RecordBatch) -> Slice:
     return (topic, partition, int(raw.column("offset")[-1].as_py()) + 1 if raw.num_rows else start, end)
 
 
-def schema_ids_of(settings: DirectSettings, slices: list[Slice]) -> set[int]:
+def schema_ids_of(reader: ReaderSettings, slices: list[Slice]) -> set[int]:
     """Every schema id the values of `slices` carry (late records' too), read without decoding."""
     ids: set[int] = set()
     for piece in slices:
         if piece[2] >= piece[3]:
             continue
-        for raw in read_one_range(settings.reader, *piece):
+        for raw in read_one_range(reader, *piece):
             ids |= registry_source.schema_ids(raw.column("value"))
     return ids
 

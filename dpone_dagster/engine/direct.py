@@ -161,17 +161,6 @@ def _copy(
     scan: int,
 ) -> Delivered | None:
     """One scan of `copy`; ScanAgain (what it recorded taken back) when the source's plan changed."""
-    reason = refusal(manifest, planned)
-    prepared = None
-    if reason is None:
-        settings, prepared, reason = _settings(manifest, planned, sink_config, result.run_id, registry_config)
-    if reason is not None:
-        if scan > 1:  # the plan changed by the first scan is one the direct path does not run
-            result.notes.append(f"direct path: the batch went to the Spark SQL path: {reason}")
-        log(f"direct path: not taken ({reason})")
-        return None
-    assert settings is not None
-    settings = replace(settings, scan=scan)
     boundary = planned.boundary
     tasks = split_into_tasks(boundary, manifest.source.options.records_per_task)
     slices = [(t.topic, t.partition, t.start, t.end) for t in tasks]
@@ -180,6 +169,25 @@ def _copy(
     slots = produce_slots(spark)
     largest = largest_group(groups)
     read_bound = deadline_s(largest, READ_WAIT_S, waves(len(groups), slots))
+    reason = refusal(manifest, planned)
+    prepared = None
+    if reason is None:
+
+        def batch_ids() -> set[int]:
+            log(f"extract: reading the schema ids of {boundary.total} offsets in {len(groups)} Spark task(s), to fetch them by id")
+            source = batch_source(planned)
+            assert source is not None  # refusal() checked it
+            reader = source.reader_settings()
+            return set().union(*jobs.in_tasks(groups, lambda g: task.schema_ids_of(reader, g), read_bound, "reading the batch's schema ids"))
+
+        settings, prepared, reason = _settings(manifest, planned, sink_config, result.run_id, registry_config, batch_ids)
+    if reason is not None:
+        if scan > 1:  # the plan changed by the first scan is one the direct path does not run
+            result.notes.append(f"direct path: the batch went to the Spark SQL path: {reason}")
+        log(f"direct path: not taken ({reason})")
+        return None
+    assert settings is not None
+    settings = replace(settings, scan=scan)
     attempt = Attempt.begin(result)
     try:
         with stage(result, "extract", log):
@@ -322,10 +330,16 @@ def _remove_spills(
 
 
 def _settings(
-    manifest: Manifest, planned: PlannedRead, sink_config: dict, run_id: str, registry_config: dict | None
+    manifest: Manifest,
+    planned: PlannedRead,
+    sink_config: dict,
+    run_id: str,
+    registry_config: dict | None,
+    batch_ids: Callable[[], set[int]],
 ) -> tuple[task.DirectSettings | None, PreparedSchema | None, str | None]:
     """The tasks' settings from the batch's JSON plan (and the sink's prepared Avro schema), or why
-    the direct path cannot decode or encode it."""
+    the direct path cannot decode or encode it. `batch_ids`: the schema ids the batch carries
+    (read in Spark tasks), for a registry source its subject does not plan."""
     source = batch_source(planned)
     assert source is not None  # refusal() checked it
     registry = None
@@ -339,11 +353,9 @@ def _settings(
             registry = source.registry_plan(planned.boundary)
         except Exception as exc:  # noqa: BLE001 - a version the direct path cannot read: the Spark SQL path reads only the batch's
             return None, None, f"the subject's versions could not all be read ({exc})"
-        if registry is None:
-            return None, None, (
-                f"a {source.options.message_format} source whose subject is not '<topic>-value', has no version "
-                "or more than the direct path decodes with"
-            )
+        if registry is None:  # planned from the batch's own ids, as the Spark SQL path plans every batch
+            registry = source.registry_plan_of_ids(batch_ids())
+            source.use_registry_plan(planned.boundary, registry)
         payload, source_envelope = registry.schema, "flat"
     schema = arrow_json.arrow_schema(payload) if registry is None else registry_source.arrow_schema(payload)
     if schema is None or not len(schema):

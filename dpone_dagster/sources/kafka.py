@@ -92,8 +92,8 @@ class RegistryPlan:
     missing: frozenset[int] = frozenset()
 
 
-# The direct path decodes with every version of a subject; a subject with more takes the Spark SQL
-# path, which fetches only the versions a batch carries.
+# The direct path decodes with every version of a subject; a subject with more is planned, as the
+# Spark SQL path plans every batch, from the schema ids the batch carries.
 MAX_SUBJECT_VERSIONS = 100
 
 
@@ -357,10 +357,10 @@ class KafkaBatchSource:
         return ExtractResult(lambda: df, schema, "flat", notes, raw, decode.rebuildable_columns(self.topic))
 
     def registry_plan(self, boundary: Boundary) -> RegistryPlan | None:
-        """Every registered version of the topic's value subject (or those `use_registry_plan`
-        narrowed the boundary's plan to), or None when the subject is not named by the topic
-        alone (then only the batch's own schema ids tell which are used), is empty or has more
-        than MAX_SUBJECT_VERSIONS versions."""
+        """Every registered version of the topic's value subject (or the plan `use_registry_plan`
+        set for the boundary), or None when the subject is not named by the topic alone (then only
+        the batch's own schema ids tell which are used: `registry_plan_of_ids`), is empty or has
+        more than MAX_SUBJECT_VERSIONS versions."""
         if self._registry_plan is not None and self._registry_plan[0] is boundary:
             return self._registry_plan[1]
         from dpone_dagster.schema.registry import (
@@ -384,6 +384,13 @@ class KafkaBatchSource:
             }
             references = references_by_id(client, schemas) if fmt == "protobuf" else None
         return RegistryPlan(fmt, schemas, references, self.registry_schema(fmt, schemas, references))
+
+    def registry_plan_of_ids(self, ids: set[int]) -> RegistryPlan:
+        """The plan of a batch that carries `ids`, every one fetched by id (a subject the topic does
+        not name, or one with no version or too many to decode with)."""
+        fmt = self.options.message_format
+        empty = RegistryPlan(fmt, {}, {} if fmt == "protobuf" else None, StructType([]))
+        return self.registry_plan_by_id(empty, ids)
 
     def narrowed_registry_plan(self, plan: RegistryPlan, ids: set[int]) -> RegistryPlan:
         """`plan` with only the versions `ids` (those a batch carries), merged as the Spark SQL path
