@@ -582,6 +582,34 @@ def test_a_registry_source_its_subject_does_not_plan_is_planned_from_the_batchs_
     assert normalized(direct, direct_records, True) == normalized(sql, sql_records, True)
     assert [n for n in direct.notes if "schema id" in n] == [n for n in sql.notes if "schema id" in n]
 
+
+@pytest.mark.parametrize(
+    ("strategy", "sink_options"),
+    [
+        ("{mode: incremental_append, unique_key: [order_id, big]}", ""),  # the key is the columns' JSON
+        ("{mode: incremental_append, unique_key: order_id}", "key: {mode: hash_row}"),
+        ("{mode: incremental_merge, unique_key: order_id}", "envelope: dpone"),
+        ("{mode: incremental_append, unique_key: big}", ""),  # the key is the double's text
+    ],
+)
+def test_numbers_java_prints_otherwise_than_the_shortest_are_printed_by_spark(broker, spark, kafka_env, tmp_path, monkeypatch, strategy, sink_options):
+    """Doubles of 1e16 or more, below 1e-307, or powers of two below 1e-3, where Java 17 may print
+    more digits than the shortest (1.9999999999999998E23 for 2e23): the scan collects them, Spark
+    prints them on the driver and the batch is scanned again with its texts, so both paths write
+    the same keys and values."""
+    bs = broker.bootstrap_servers
+    src = unique_topic("dsrc")
+    create_topic(bs, src, 2)
+    special = [2e23, 1e23, 6.960309306789904e18, -1.2345678901234567e16, 5e-324, 1e-310, 2.0**-20, -(2.0**-40)]
+    rows = [{"order_id": i, "amount": special[i % 8] if i % 3 == 0 else i * 0.5, "big": special[(i + 1) % 8]} for i in range(300)]
+    for partition in range(2):
+        produce_json(bs, src, rows[partition::2], partition=partition)
+    (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path, monkeypatch, strategy, sink_options, 2)
+    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
+    assert len(direct_records) == 300
+    assert normalized(direct, direct_records, False) == normalized(sql, sql_records, False)
+    assert any(b"1.9999999999999998E23" in (r["value"] or b"") + (r["key"] or b"") for r in direct_records) or "hash_row" in sink_options
+
 TYPED = {"type": "record", "name": "Payment", "namespace": "shop", "fields": [
     {"name": "order_id", "type": "long"},
     {"name": "qty", "type": "int"},

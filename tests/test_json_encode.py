@@ -38,6 +38,8 @@ from dpone_dagster.sinks.json_encode import (
     java_double,
     java_float,
     json_string,
+    number_key,
+    spark_numbers,
 )
 from dpone_dagster.sinks.kafka_messages import JSON_WRITE_OPTIONS
 from dpone_dagster.spark.arrow_json import arrow_schema
@@ -216,6 +218,52 @@ def test_powers_of_two_are_written_as_java_writes_them_or_refused(spark, kind, p
     assert refused and max(refused) < 1e-3
 
 
+def test_numbers_only_spark_prints_alike_are_written_with_its_text(spark):
+    """Doubles and floats outside the magnitudes where Java 17 prints the shortest digits, and
+    powers of two below 1e-3: printed by Spark on the driver (spark/printed_numbers.py), then
+    written with that text, byte for byte what `to_json` writes; random bit patterns of every
+    magnitude."""
+    import numpy as np
+
+    from dpone_dagster.spark.jobs import BoundedJobs
+    from dpone_dagster.spark.printed_numbers import printed_by_spark
+
+    rng = random.Random(20261128)
+    doubles = [2e23, 1e23, 1e16, 5e-324, -1e-310, 2.0**-30, *(struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0] for _ in range(3_000))]
+    floats = [1.7272904e9, 1e-38, 2.0**-27, *(struct.unpack("f", struct.pack("I", rng.getrandbits(32)))[0] for _ in range(3_000))]
+    cases = [
+        ("double", np.array([d for d in doubles if np.isfinite(d)], np.float64)),
+        ("float", np.array([f for f in floats if np.isfinite(f)], np.float32)),
+    ]
+    for kind, values in cases:
+        array = pa.array(values)
+        with spark_numbers({}, collect=True) as found:  # the scan collects them
+            encode(array)
+        assert found.unknown and all(k == kind for k, _ in found.unknown)
+        texts = printed_by_spark(spark, BoundedJobs(spark, "numbers"), found.unknown, 120)
+        frame = spark.createDataFrame(pa.table({"x": values}).to_pandas(), f"x {kind}")
+        expected = [r[0][5:-1] for r in frame.select(F.to_json(F.struct("x"))).collect()]
+        with spark_numbers(texts):
+            assert encode(array).to_pylist() == expected
+        with pytest.raises(Unencodable, match="not printed by Spark"):  # nor without them
+            encode(array)
+
+
+def test_a_number_without_spark_text_is_collected_or_refused():
+    key = number_key("double", 2e23)
+    with spark_numbers({}, collect=True) as found:
+        assert encode(pa.array([1.5, 2e23, None])).to_pylist() == ["1.5", "0.0", None]  # made again with the text
+        with spark_numbers({}):  # an enclosing collecting block stays in force
+            encode(pa.array([2e23]))
+    assert found.unknown == {key}
+    with spark_numbers({key: "1.9999999999999998E23"}):
+        assert encode(pa.array([2e23, 3.0])).to_pylist() == ["1.9999999999999998E23", "3.0"]
+        with pytest.raises(Unencodable, match="not printed by Spark"):
+            encode(pa.array([1e23]))
+        with pytest.raises(Unencodable, match="not finite"):
+            encode(pa.array([float("nan")]))
+
+
 def test_zeros_and_lists_behind_a_null_struct_are_written():
     import numpy as np
 
@@ -230,7 +278,7 @@ def test_zeros_and_lists_behind_a_null_struct_are_written():
 def test_large_floats_are_refused_not_guessed():
     import numpy as np
 
-    with pytest.raises(Unencodable, match="a float of magnitude 1e7 or more, below 1e-37"):
+    with pytest.raises(Unencodable, match="a float Java 17 may print otherwise than the shortest digits"):
         encode(pa.array(np.array([1.5, 1.7272904e9], np.float32)))  # Java 17 prints 1.72729037E9
     with pytest.raises(Unencodable):
         encode(pa.array(np.array([1e-38], np.float32)))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -32,6 +32,7 @@ from dpone_dagster.quality.arrow_checks import RowCheck, Tally
 from dpone_dagster.shape import headers as message_headers
 from dpone_dagster.shape import message
 from dpone_dagster.shape.headers import HeaderSpec
+from dpone_dagster.sinks import json_encode
 from dpone_dagster.sinks.kafka import ProducerSettings, produce_batches
 from dpone_dagster.sources.kafka_reader import ReaderSettings, read_one_range
 from dpone_dagster.spark import arrow_json
@@ -93,6 +94,8 @@ class DirectSettings:
     # Checks Spark SQL judges are declared: the scan keeps each slice's decoded rows for them
     # (direct/rows.py), in a file beside its messages.
     keep_rows: bool = False
+    # Numbers the encoder leaves to Spark's printing, as Spark printed them (json_encode.SparkNumbers).
+    spark_numbers: Mapping[json_encode.NumberKey, str] = field(default_factory=dict)
 
     @property
     def message_rule(self) -> message.MessageRule:
@@ -118,6 +121,7 @@ class ScanReport:
     # Raw records left out of the messages for the driver to judge as bad records (SET_ASIDE_KEPT).
     set_aside: pa.Table | None = None
     kept: tuple[tuple[Slice, int], ...] = ()  # the messages kept per slice
+    numbers: frozenset[json_encode.NumberKey] = frozenset()  # numbers met that Spark has not printed yet
 
 
 class Refused(Exception):
@@ -130,6 +134,9 @@ class Undecodable(Refused):
 
 
 UNPLANNED = "schema id(s) outside the plan"
+UNPRINTED = "numbers Spark has not printed yet"
+# Distinct such numbers a task collects; past them the batch goes to the Spark SQL path.
+MAX_UNPRINTED = 100_000
 
 
 class UnplannedIds(Refused):
@@ -174,8 +181,9 @@ def shape(
         raw, columns, is_delete = raw.filter(kept), [c.filter(kept) for c in columns], is_delete.filter(kept)
     rule = settings.message_rule
     try:
-        key, value = message.key_and_value(rule, columns, settings.schema.names, is_delete, raw.column("key"))
-        sent_key = message.registry_key(rule, columns, settings.schema.names)
+        with json_encode.spark_numbers(settings.spark_numbers):
+            key, value = message.key_and_value(rule, columns, settings.schema.names, is_delete, raw.column("key"))
+            sent_key = message.registry_key(rule, columns, settings.schema.names)
     except message.Unwritable as exc:
         raise Refused(str(exc)) from exc
     if deletes and settings.source_key_for_deletes and pc.any(pc.and_(is_delete, key.is_null())).as_py():
@@ -330,7 +338,17 @@ def failing(n: int, fails: Callable[[int, int], bool], limit: int) -> np.ndarray
 
 
 def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
-    """Read, decode and shape `slices`, keeping the messages in this executor's spill files."""
+    """Read, decode and shape `slices`, keeping the messages in this executor's spill files. A
+    number whose text only Spark prints alike (json_encode.SparkNumbers) and that the settings
+    lack is collected through the whole scan, for the driver to have them printed and scan again."""
+    with json_encode.spark_numbers(settings.spark_numbers, collect=True) as numbers:
+        report = _scan(settings, slices, numbers)
+    if numbers.unknown and report.refused is None:
+        return ScanReport(report.rows, report.bytes, f"{UNPRINTED}: {len(numbers.unknown)}", numbers=frozenset(numbers.unknown))
+    return report
+
+
+def _scan(settings: DirectSettings, slices: list[Slice], numbers: json_encode.SparkNumbers) -> ScanReport:
     rows = size = deletes = 0
     hashes: list[np.ndarray] = []
     ids: set[int] = set()
@@ -371,6 +389,8 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
                     kept[-1] = (piece, kept[-1][1] + messages.num_rows)
                     rows += messages.num_rows + (found if settings.deletes == "skip" else 0)
                     size += int(pc.sum(lengths).as_py() or 0)
+                    if len(numbers.unknown or ()) > MAX_UNPRINTED:
+                        raise Refused(f"more than {MAX_UNPRINTED:,} distinct numbers Java 17 may print otherwise than the shortest digits, in a task")
     except UnplannedIds as exc:  # the ids of what is left are read without decoding
         return ScanReport(rows, size, str(exc), schema_ids=frozenset(ids | schema_ids_of(settings.reader, unread)))
     except Refused as exc:

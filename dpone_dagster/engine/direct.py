@@ -81,11 +81,13 @@ from dpone_dagster.quality.arrow_checks import Tally
 from dpone_dagster.shape import message
 from dpone_dagster.shape.envelope import envelope_parts
 from dpone_dagster.shape.headers import HeaderSpec
+from dpone_dagster.sinks.json_encode import NumberKey
 from dpone_dagster.sinks.kafka_messages import refuses_duplicates, uses_dedupe
 from dpone_dagster.sinks.registry import PreparedSchema
 from dpone_dagster.spark import arrow_json
 from dpone_dagster.spark.jobs import MARGIN_S, BoundedJobs, deadline_s, waves
 from dpone_dagster.spark.keep import release_batch
+from dpone_dagster.spark.printed_numbers import printed_by_spark
 from dpone_dagster.spark.registry_codec import nullable_schema
 from dpone_dagster.spark.session import is_connect
 from dpone_dagster.spark.slots import local_task_slots, produce_slots
@@ -93,8 +95,9 @@ from dpone_dagster.spark.slots import local_task_slots, produce_slots
 # What a read task may wait on the broker beyond its records (the reader's empty polls, a
 # consumer's connection set-up): the scan's part of a job bound (spark/jobs.py).
 READ_WAIT_S = 60.0
-# Scans of one batch: a plan is widened (JSON), or narrowed or fetched by id (registry), once; a source is one or the other.
-MAX_SCANS = 2
+# Scans of one batch: a plan is widened (JSON), or narrowed or fetched by id (registry), once (a
+# source is one or the other), and numbers only Spark prints alike are printed by it once.
+MAX_SCANS = 3
 # kafka_offsets is an append whose state is the source offsets (as every Kafka source run's).
 STRATEGIES = ("incremental_append", "kafka_offsets", "incremental_merge", "full_refresh", "replace")
 
@@ -137,11 +140,13 @@ def copy(
 
     A scan that changes the source's plan (a JSON schema widened by fields its sample missed, a
     registry subject's versions narrowed to those the batch carries) scans the batch again with
-    it: at most MAX_SCANS scans, each plan changes once."""
+    it: at most MAX_SCANS scans, each plan changes once. So does a batch with numbers only Spark
+    prints as Spark writes them (json_encode.SparkNumbers): printed by Spark on the driver."""
+    printed: dict[NumberKey, str] = {}  # those numbers' texts, kept from one scan to the next
     for scan in range(1, MAX_SCANS + 1):
         attempt = Attempt.begin(result)
         try:
-            return _copy(manifest, spark, planned, result, sink_config, log, registry_config, scan)
+            return _copy(manifest, spark, planned, result, sink_config, log, registry_config, scan, printed)
         except ScanAgain as exc:
             if scan == MAX_SCANS:
                 attempt.take_back(result, ToSparkSql(f"the plan changed again after {scan} scans ({exc})"), log)
@@ -159,8 +164,10 @@ def _copy(
     log: Log,
     registry_config: dict | None,
     scan: int,
+    printed: dict[NumberKey, str],
 ) -> Delivered | None:
-    """One scan of `copy`; ScanAgain (what it recorded taken back) when the source's plan changed."""
+    """One scan of `copy`; ScanAgain (what it recorded taken back) when the source's plan changed
+    or the scan met numbers only Spark prints alike (added to `printed`)."""
     boundary = planned.boundary
     tasks = split_into_tasks(boundary, manifest.source.options.records_per_task)
     slices = [(t.topic, t.partition, t.start, t.end) for t in tasks]
@@ -187,16 +194,22 @@ def _copy(
         log(f"direct path: not taken ({reason})")
         return None
     assert settings is not None
-    settings = replace(settings, scan=scan)
+    settings = replace(settings, scan=scan, spark_numbers=dict(printed))
     attempt = Attempt.begin(result)
     try:
         with stage(result, "extract", log):
             log(f"extract: {len(tasks)} slice(s) in {len(groups)} Spark task(s) over {boundary.total} offsets (direct path)")
             reports, found = _scan(spark, jobs, settings, groups, read_bound)
+            unprinted = set().union(*(r.numbers for r in reports))
+            if unprinted:
+                printed.update(printed_by_spark(spark, jobs, unprinted, MARGIN_S))
             refused = next((r.refused for r in reports if r.refused), None)
             if refused is not None:
-                if all(r.refused.startswith(task.UNPLANNED) for r in reports if r.refused):
-                    _fetch_by_id(planned, settings, reports, scan, "outside the subject's versions")
+                stops = [r.refused for r in reports if r.refused]
+                if all(stop.startswith((task.UNPLANNED, task.UNPRINTED)) for stop in stops):
+                    if any(stop.startswith(task.UNPLANNED) for stop in stops):
+                        _fetch_by_id(planned, settings, reports, scan, "outside the subject's versions")
+                    raise ScanAgain(f"{len(unprinted)} number(s) Java 17 may print otherwise than the shortest digits: printed by Spark")
                 raise ToSparkSql(refused)
             source_notes = _decoded_as_planned(planned, settings, reports, scan)
             if isinstance(planned.source, LateRecordScreen):  # the policy fails the run here, before producing

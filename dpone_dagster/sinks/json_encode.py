@@ -6,8 +6,9 @@ must not depend on the path a run took. Spark writes through Jackson: strings es
 control characters (`\\b \\t \\n \\f \\r`, otherwise `\\u00XX` in upper case); doubles are Java's
 `Double.toString`, floats `Float.toString`. Java 17 prints the shortest round-trip digits for
 1e-307 <= |d| < 1e16 and 1e-37 <= |f| < 1e7 (checked against Spark on millions of values,
-tests/test_json_encode.py) but not always outside, nor for a power of two below 1e-3, so such a
-value makes the batch unencodable (`Unencodable`) and the run takes the Spark SQL path.
+tests/test_json_encode.py) but not always outside, nor for a power of two below 1e-3: such a
+value is printed by Spark itself on the driver (`spark_numbers`: the direct path collects them in
+a scan and scans again with their texts); without its text it is `Unencodable`.
 
 Every step is a vectorised Arrow kernel; values that need a rare rule (an escape, a double outside
 [1e-3, 1e7)) are formatted in Python one by one. The types a SQL source or a registry source adds
@@ -23,7 +24,9 @@ characters as lower-case `\\u00xx`, doubles as Python's `repr`.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,6 +102,51 @@ def _java_form(value: float, shortest: str) -> str:
             return f"{sign}{digits}{'0' * (point - len(digits))}.0"
         return f"{sign}{digits[:point]}.{digits[point:]}"
     return f"{sign}{digits[0]}.{digits[1:] or '0'}E{point - 1}"
+
+
+# A number Java 17 may print otherwise than the shortest digits: ("double" | "float", its bits).
+NumberKey = tuple[str, int]
+
+
+@dataclass
+class SparkNumbers:
+    """Numbers as Spark printed them (`texts`); `unknown`: the numbers met without a text, when
+    they are collected (None: such a number is Unencodable)."""
+
+    texts: Mapping[NumberKey, str]
+    unknown: set[NumberKey] | None = None
+
+
+_SPARK_NUMBERS: ContextVar[SparkNumbers | None] = ContextVar("spark_numbers", default=None)
+
+
+@contextlib.contextmanager
+def spark_numbers(texts: Mapping[NumberKey, str], collect: bool = False) -> Iterator[SparkNumbers]:
+    """Within the block, the numbers of `texts` are written with Spark's text. `collect`: one
+    without its text is added to `unknown` and written as 0.0 meanwhile (what is encoded so is
+    made again once Spark has printed it). An enclosing collecting block stays in force."""
+    current = _SPARK_NUMBERS.get()
+    if current is not None and current.unknown is not None:
+        yield current
+        return
+    numbers = SparkNumbers(texts, set() if collect else None)
+    token = _SPARK_NUMBERS.set(numbers)
+    try:
+        yield numbers
+    finally:
+        _SPARK_NUMBERS.reset(token)
+
+
+def number_key(kind: str, value: float) -> NumberKey:
+    """The key of a double or float `value` in SparkNumbers.texts."""
+    if kind == "float":
+        return kind, int(np.float32(value).view(np.int32))
+    return kind, int(np.float64(value).view(np.int64))
+
+
+def number_of(key: NumberKey) -> float:
+    kind, bits = key
+    return float(np.int32(bits).view(np.float32)) if kind == "float" else float(np.int64(bits).view(np.float64))
 
 
 @dataclass(frozen=True)
@@ -254,11 +302,8 @@ def _java_numbers(array: pa.Array, exact: tuple[float, float], kind: str, java: 
     where Java 17 narrows its rounding interval and prints more digits (7.4505806E-9 for the
     float 2^-27)."""
     magnitude = pc.abs(array)
-    if array.null_count != len(array):
-        smallest, largest = exact
-        nonzero = magnitude.filter(pc.not_equal(magnitude, 0.0))
-        if not pc.all(pc.is_finite(array)).as_py() or (len(nonzero) and not smallest <= pc.min(nonzero).as_py() <= pc.max(nonzero).as_py() < largest):
-            raise Unencodable(f"a {kind} of magnitude 1e{round(np.log10(largest))} or more, below 1e{round(np.log10(smallest))}, or not finite")
+    if array.null_count != len(array) and not pc.all(pc.is_finite(array)).as_py():
+        raise Unencodable(f"a {kind} that is not finite")
     text = pc.cast(array, pa.string())
     # Arrow writes the same shortest digits; in the plain range only ".0" for whole numbers differs.
     plain = pc.or_(
@@ -271,10 +316,29 @@ def _java_numbers(array: pa.Array, exact: tuple[float, float], kind: str, java: 
     if not pc.any(rare).as_py():
         return text
     values = pc.filter(array, rare).to_numpy(zero_copy_only=False)
-    small = np.abs(values) < 1e-3
-    if (np.abs(np.frexp(values[small])[0]) == 0.5).any():
-        raise Unencodable(f"a {kind} that is a power of two below 1e-3 (Java 17 prints more digits than the shortest)")
-    return pc.replace_with_mask(text, rare, pa.array([java(float(v)) for v in values], pa.string()))
+    smallest, largest = exact
+    magnitudes = np.abs(values)
+    # Where Java 17 may print more digits than the shortest: Spark's own text (SparkNumbers).
+    by_spark = (magnitudes < smallest) | (magnitudes >= largest)
+    small = magnitudes < 1e-3
+    by_spark[small] |= np.abs(np.frexp(values[small])[0]) == 0.5
+    texts = [_spark_text(kind, float(v)) if spark else java(float(v)) for v, spark in zip(values, by_spark, strict=True)]
+    return pc.replace_with_mask(text, rare, pa.array(texts, pa.string()))
+
+
+def _spark_text(kind: str, value: float) -> str:
+    """`value` as Spark printed it (spark_numbers), or Unencodable."""
+    numbers = _SPARK_NUMBERS.get()
+    key = number_key(kind, value)
+    text = numbers.texts.get(key) if numbers is not None else None
+    if text is not None:
+        return text
+    if numbers is None or numbers.unknown is None:
+        raise Unencodable(
+            f"a {kind} Java 17 may print otherwise than the shortest digits (1e16 or more, below 1e-307, or a power of two below 1e-3), not printed by Spark"
+        )
+    numbers.unknown.add(key)
+    return "0.0"
 
 
 def _python_doubles(array: pa.Array) -> pa.Array:
