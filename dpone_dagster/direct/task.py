@@ -344,7 +344,8 @@ def scan(settings: DirectSettings, slices: list[Slice]) -> ScanReport:
     with json_encode.spark_numbers(settings.spark_numbers, collect=True) as numbers:
         report = _scan(settings, slices, numbers)
     if numbers.unknown and report.refused is None:
-        return ScanReport(report.rows, report.bytes, f"{UNPRINTED}: {len(numbers.unknown)}", numbers=frozenset(numbers.unknown))
+        # The ids too: a driver that fetches ids by id plans the batch with every task's ids.
+        return ScanReport(report.rows, report.bytes, f"{UNPRINTED}: {len(numbers.unknown)}", schema_ids=report.schema_ids, numbers=frozenset(numbers.unknown))
     return report
 
 

@@ -96,7 +96,8 @@ from dpone_dagster.spark.slots import local_task_slots, produce_slots
 # consumer's connection set-up): the scan's part of a job bound (spark/jobs.py).
 READ_WAIT_S = 60.0
 # Scans of one batch: a plan is widened (JSON), or narrowed or fetched by id (registry), once (a
-# source is one or the other), and numbers only Spark prints alike are printed by it once.
+# source is one or the other), and numbers only Spark prints alike are printed by it once; a batch
+# that needs more (numbers only in the widened fields) goes to the Spark SQL path.
 MAX_SCANS = 3
 # kafka_offsets is an append whose state is the source offsets (as every Kafka source run's).
 STRATEGIES = ("incremental_append", "kafka_offsets", "incremental_merge", "full_refresh", "replace")
@@ -200,17 +201,16 @@ def _copy(
         with stage(result, "extract", log):
             log(f"extract: {len(tasks)} slice(s) in {len(groups)} Spark task(s) over {boundary.total} offsets (direct path)")
             reports, found = _scan(spark, jobs, settings, groups, read_bound)
+            stops = [r.refused for r in reports if r.refused]
+            if stops and not all(stop.startswith((task.UNPLANNED, task.UNPRINTED)) for stop in stops):
+                raise ToSparkSql(stops[0])
             unprinted = set().union(*(r.numbers for r in reports))
             if unprinted:
-                printed.update(printed_by_spark(spark, jobs, unprinted, MARGIN_S))
-            refused = next((r.refused for r in reports if r.refused), None)
-            if refused is not None:
-                stops = [r.refused for r in reports if r.refused]
-                if all(stop.startswith((task.UNPLANNED, task.UNPRINTED)) for stop in stops):
-                    if any(stop.startswith(task.UNPLANNED) for stop in stops):
-                        _fetch_by_id(planned, settings, reports, scan, "outside the subject's versions")
-                    raise ScanAgain(f"{len(unprinted)} number(s) Java 17 may print otherwise than the shortest digits: printed by Spark")
-                raise ToSparkSql(refused)
+                _print_numbers(spark, jobs, unprinted, printed, scan)
+            if any(stop.startswith(task.UNPLANNED) for stop in stops):
+                _fetch_by_id(planned, settings, reports, scan, "outside the subject's versions")
+            if stops or unprinted:
+                raise ScanAgain(f"{len(unprinted)} number(s) Java 17 may print otherwise than the shortest digits: printed by Spark")
             source_notes = _decoded_as_planned(planned, settings, reports, scan)
             if isinstance(planned.source, LateRecordScreen):  # the policy fails the run here, before producing
                 late = {w["start"]: sum(r.late.get(i, 0) for r in reports) for i, w in enumerate(boundary.windows)}
@@ -286,6 +286,14 @@ def _copy(
         _remove_spills(spark, jobs, settings, groups)
         raise
     return Delivered(stats, rows - removed)
+
+
+def _print_numbers(spark: SparkSession, jobs: BoundedJobs, unprinted: set[NumberKey], printed: dict[NumberKey, str], scan: int) -> None:
+    """Add Spark's texts of `unprinted` to `printed`, for the next scan; on the last scan the batch
+    goes to the Spark SQL path instead (a scan again would send it there)."""
+    if scan == MAX_SCANS:
+        raise ToSparkSql(f"{len(unprinted)} number(s) Java 17 may print otherwise than the shortest digits, found after {scan} scans")
+    printed.update(printed_by_spark(spark, jobs, unprinted, MARGIN_S))
 
 
 def _fetch_by_id(planned: PlannedRead, settings: task.DirectSettings, reports: list[task.ScanReport], scan: int, why: str) -> None:

@@ -26,7 +26,11 @@ def printed_by_spark(spark: SparkSession, jobs: BoundedJobs, keys: Iterable[Numb
         rows = [(bits, number_of((kind, bits))) for k, bits in wanted if k == kind]
         if not rows:
             continue
-        frame = spark.createDataFrame(rows, f"bits {bits_type}, value {spark_type}").select("bits", F.col("value").cast("string"))
-        printed = jobs.run(frame.collect, seconds, f"printing {len(rows)} {kind}(s) as Spark prints them")
+        schema = f"bits {bits_type}, value {spark_type}"
+
+        def printing(rows: list[tuple[int, float]] = rows, schema: str = schema) -> list:  # bounded whole (a Connect round trip too)
+            return spark.createDataFrame(rows, schema).select("bits", F.col("value").cast("string")).collect()
+
+        printed = jobs.run(printing, seconds, f"printing {len(rows)} {kind}(s) as Spark prints them")
         texts.update({(kind, int(bits)): text for bits, text in printed})
     return texts
