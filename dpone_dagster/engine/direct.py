@@ -169,17 +169,17 @@ def _copy(
 ) -> Delivered | None:
     """One scan of `copy`; ScanAgain (what it recorded taken back) when the source's plan changed
     or the scan met numbers only Spark prints alike (added to `printed`)."""
-    boundary = planned.boundary
-    tasks = split_into_tasks(boundary, manifest.source.options.records_per_task)
-    slices = [(t.topic, t.partition, t.start, t.end) for t in tasks]
-    groups = [[slices[i] for i in group] for group in pack_tasks(tasks, local_task_slots(spark))]
-    jobs = BoundedJobs(spark, result.run_id)
-    slots = produce_slots(spark)
-    largest = largest_group(groups)
-    read_bound = deadline_s(largest, READ_WAIT_S, waves(len(groups), slots))
     reason = refusal(manifest, planned)
-    prepared = None
-    if reason is None:
+    settings = prepared = None
+    if reason is None:  # a Kafka batch with offsets to read: its tasks
+        boundary = planned.boundary
+        tasks = split_into_tasks(boundary, manifest.source.options.records_per_task)
+        slices = [(t.topic, t.partition, t.start, t.end) for t in tasks]
+        groups = [[slices[i] for i in group] for group in pack_tasks(tasks, local_task_slots(spark))]
+        jobs = BoundedJobs(spark, result.run_id)
+        slots = produce_slots(spark)
+        largest = largest_group(groups)
+        read_bound = deadline_s(largest, READ_WAIT_S, waves(len(groups), slots))
 
         def batch_ids() -> set[int]:
             log(f"extract: reading the schema ids of {boundary.total} offsets in {len(groups)} Spark task(s), to fetch them by id")
