@@ -1,6 +1,6 @@
 """Doubles and floats as Spark prints them (Java 17's `Double.toString` / `Float.toString`), for
 the numbers the task encoder does not print alike (sinks/json_encode.SparkNumbers: 1e16 or more,
-below 1e-307, a power of two below 1e-3). One small job on the driver: `cast(... as string)` is
+below 1e-307, a power of two below 1e-3). A small job per type on the driver: `cast(... as string)` is
 the text Spark's `to_json` writes for a finite number, so both paths write the same bytes."""
 
 from __future__ import annotations
