@@ -2156,3 +2156,39 @@ def test_a_late_record_of_another_subjects_id_is_fetched_by_id_as_the_spark_sql_
     keyless = {path: Counter({m[1:]: n for m, n in normalized(r, recs, True).items()}) for path, (r, recs, _) in out.items()}  # no key: any partition
     assert keyless["direct"] == keyless["spark_sql"]
     assert out["direct"][2] == out["spark_sql"][2] == 1
+
+
+def test_a_checks_only_run_judges_the_batch_as_the_spark_sql_path_and_registers_nothing(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """Asset checks selected without their asset (publish=False) into an Avro sink: the batch is
+    judged on the direct path with the gates the Spark SQL path gives; nothing is produced, no
+    offset moves and the sink's subject stays empty (the schema is planned, not registered)."""
+    from dpone_dagster.schema.registry import registry_client
+
+    bs = broker.bootstrap_servers
+    strategy = "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}"
+    url, src = orders_for_a_registry_sink(bs, monkeypatch, strategy)
+    checks = "[{type: min_rows, threshold: 600}, {type: not_null, columns: [order_id]}, {type: unique, columns: [order_id]}, {type: unique, columns: [order_id], stage: extracted}]"
+    quality = f"quality:\n  mode: fail\n  checks: {checks}"
+    selected = frozenset({"min_rows", "not_null_order_id", "unique_order_id"})
+    outcomes = {}
+    for path in ("direct", "spark_sql"):
+        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
+        dst = unique_topic(f"dc_{path}")
+        create_topic(bs, dst, 3)
+        manifest = parse_manifest(manifest_text(src, dst, tmp_path / path, strategy, "message_format: avro, schema_registry: {enabled: true}", quality))
+        with pytest.raises(DataRefused, match="unique_order_id_extracted"):  # 1,200 records, 700 keys
+            run_pipeline(manifest, spark, RunRequest(checks=frozenset({"unique_order_id_extracted"}), publish=False))
+        judged = run_pipeline(manifest, spark, RunRequest(checks=selected, publish=False))
+        assert judged.execution_path == path, judged.notes
+        assert consume_raw(bs, dst) == []
+        assert LocalStateStore(str(tmp_path / path)).load_offsets(src, f"g_{dst}") == {}
+        assert not [s for s in registry_client({"url": url}).get_subjects() if s.startswith(dst)]
+        assert judged.schema_evolution["subject"] == f"{dst}-value" and judged.schema_evolution["registered"] is False
+        outcomes[path] = (
+            [(g["name"], g["passed"], g.get("observed")) for g in judged.gates],
+            judged.rows_extracted, judged.duplicates_removed, judged.messages_produced, judged.committed_offsets,
+        )
+    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+    assert outcomes["direct"] == outcomes["spark_sql"]
+    assert outcomes["direct"][0] == [("min_rows", True, 1200), ("not_null_order_id", True, 0), ("unique_order_id", True, 0)]
+    assert outcomes["direct"][1:3] == (1200, 500)

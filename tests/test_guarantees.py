@@ -377,6 +377,7 @@ def test_checks_alone_judge_the_pending_batch_and_publish_nothing(broker, spark,
     manifest = parse_manifest(etl_text(src, dst, tmp_path, checks, options))
     alone = run_pipeline(manifest, spark, RunRequest(checks=frozenset({"unique_order_id"}), publish=False))
     assert [(g["name"], g["passed"]) for g in alone.gates] == [("unique_order_id", True)]
+    assert alone.execution_path == "direct", alone.notes
     assert consume_raw(bs, dst) == [] and consume_raw(bs, dlq) == []
     assert LocalStateStore(str(tmp_path)).load_offsets(src, f"g_{src}") == {}
 

@@ -613,6 +613,44 @@ def test_a_failed_gate_produces_nothing_and_keeps_the_watermark(broker, spark, k
     assert not kept_directory_exists(spark, "sqld-gate")
 
 
+def test_a_checks_only_run_judges_the_batch_as_the_spark_sql_path_and_registers_nothing(broker, spark, kafka_env, db, tmp_path, monkeypatch):
+    """Asset checks selected without their asset (publish=False) into an Avro sink: the rows are
+    judged on the direct path with the gates the Spark SQL path gives (Great Expectations too);
+    nothing is produced, the watermark stays, the sink's subject stays empty."""
+    import uuid
+
+    from dpone_dagster.schema.registry import registry_client
+
+    url = f"mock://{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", url)
+    create_orders(db)
+    checks = (
+        "[{type: min_rows, threshold: 200}, {type: unique, columns: [order_id]}, {type: not_null, columns: [amount]}, "
+        "{type: great_expectations, expectation_type: expect_column_values_to_be_between, kwargs: {column: amount, max_value: 5000}}]"
+    )
+    selected = frozenset({"min_rows", "unique_order_id", "ge_expect_column_values_to_be_between_amount"})
+    outcomes = {}
+    for path in ("direct", "spark_sql"):
+        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
+        dst = unique_topic(f"sqld_checks_{path}")
+        create_topic(broker.bootstrap_servers, dst, 2)
+        text = manifest_text(dst, tmp_path / path, "{mode: incremental_append, unique_key: order_id}", "{message_format: avro, schema_registry: {enabled: true}}", f"quality: {{checks: {checks}}}")
+        m = parse_manifest(text)
+        with pytest.raises(DataRefused, match="not_null_amount"):  # 27 null amounts
+            run_pipeline(m, spark, RunRequest(checks=frozenset({"not_null_amount"}), publish=False))
+        judged = run_pipeline(m, spark, RunRequest(run_id=f"sqld-checks-{path}", checks=selected, publish=False))
+        assert judged.execution_path == path, judged.notes
+        assert consume_raw(broker.bootstrap_servers, dst, timeout_s=5) == []
+        assert stored_watermark(m) is None
+        assert not [s for s in registry_client({"url": url}).get_subjects() if s.startswith(dst)]
+        assert not kept_directory_exists(spark, judged.run_id)
+        outcomes[path] = ([(g["name"], g["passed"], g["observed"]) for g in judged.gates], judged.rows_extracted, judged.messages_produced)
+    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+    assert outcomes["direct"] == outcomes["spark_sql"]
+    assert [(name, passed) for name, passed, _ in outcomes["direct"][0]] == [("min_rows", True), ("unique_order_id", True), ("ge_expect_column_values_to_be_between_amount", True)]
+    assert outcomes["direct"][1:] == (300, 0)
+
+
 def test_a_run_sweeps_what_killed_runs_left(broker, spark, kafka_env, db, tmp_path):
     """Kept files of another run untouched for STALE_SPILL_S (a driver killed mid-run) go with
     the next SQL run's scan; a recent run's stay."""

@@ -63,7 +63,9 @@ from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.stages.gates import pre_publish_gates
 from dpone_dagster.engine.stages.load import (
+    JUDGED,
     Delivered,
+    Judged,
     check_delivery,
     producer_settings,
     publish_dead_letters,
@@ -133,11 +135,13 @@ def copy(
     sink_config: dict,
     log: Log,
     registry_config: dict | None = None,
-) -> Delivered | None:
+    publish: bool = True,
+) -> Delivered | Judged | None:
     """Run the batch on the direct path, with the stages of the Spark SQL path (extract, gates,
     shape, load); None when it must take the Spark SQL path (nothing was produced then; what this
     path measured and judged is taken back, the reason is noted). `registry_config`: the sink's
-    Schema Registry, for an Avro, JSON Schema or protobuf sink.
+    Schema Registry, for an Avro, JSON Schema or protobuf sink. `publish` False (a checks-only
+    run): the batch is judged, and nothing is registered or produced (JUDGED).
 
     A scan that changes the source's plan (a JSON schema widened by fields its sample missed, a
     registry subject's versions narrowed to those the batch carries) scans the batch again with
@@ -147,7 +151,7 @@ def copy(
     for scan in range(1, MAX_SCANS + 1):
         attempt = Attempt.begin(result)
         try:
-            return _copy(manifest, spark, planned, result, sink_config, log, registry_config, scan, printed)
+            return _copy(manifest, spark, planned, result, sink_config, log, registry_config, scan, printed, publish)
         except ScanAgain as exc:
             if scan == MAX_SCANS:
                 attempt.take_back(result, ToSparkSql(f"the plan changed again after {scan} scans ({exc})"), log)
@@ -166,7 +170,8 @@ def _copy(
     registry_config: dict | None,
     scan: int,
     printed: dict[NumberKey, str],
-) -> Delivered | None:
+    publish: bool,
+) -> Delivered | Judged | None:
     """One scan of `copy`; ScanAgain (what it recorded taken back) when the source's plan changed
     or the scan met numbers only Spark prints alike (added to `printed`)."""
     reason = refusal(manifest, planned)
@@ -263,6 +268,10 @@ def _copy(
     result.notes.extend(source_notes)
     result.duplicates_removed = removed - result.deletes_skipped - bad.left_out
     result.execution_path = "direct"
+    if not publish:  # checks only: every gate has been judged
+        _remove_spills(spark, jobs, settings, groups)
+        direct_registry.note_unregistered(manifest, prepared, result)
+        return JUDGED
     producer = producer_settings(manifest, sink_config)
     checkpoint = storing_rule(manifest, planned.checkpoint, result.duplicates_removed, sum(len(o) for o in ordered.values()), result)
     try:

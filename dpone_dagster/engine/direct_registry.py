@@ -22,10 +22,12 @@ from dpone_dagster.formats import registry_values
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.schema.wire_format import frame
 from dpone_dagster.sinks.registry import (
+    NO_REGISTRY,
     PreparedSchema,
     planned_key,
     prepare_registry_schema,
     register_prepared,
+    unregistered_plan,
 )
 from dpone_dagster.spark.registry_codec import KeyEncoding, nullable_schema, writer_schema
 
@@ -80,6 +82,12 @@ def key_format(key: KeyEncoding | None) -> tuple[str, str] | None:
 
 def key_frame_bytes(key: KeyEncoding | None) -> int:
     return len(frame(0, b"")) if key is not None else 0
+
+
+def note_unregistered(manifest: Manifest, prepared: PreparedSchema | None, result: RunResult) -> None:
+    """What a checks-only run notes of the sink's schema, as the Spark SQL path notes it: planned,
+    not registered (no registry for a JSON sink)."""
+    result.schema_evolution = unregistered_plan(manifest, prepared).as_dict() if prepared is not None else dict(NO_REGISTRY)
 
 
 def register(manifest: Manifest, prepared: PreparedSchema, registry_config: dict[str, Any] | None, result: RunResult) -> tuple[bytes, bytes]:

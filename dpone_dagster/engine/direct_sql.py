@@ -60,7 +60,7 @@ from dpone_dagster.engine.sql_kept import (
 )
 from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.stages.gates import pre_publish_gates
-from dpone_dagster.engine.stages.load import Delivered, check_delivery, producer_settings
+from dpone_dagster.engine.stages.load import JUDGED, Delivered, Judged, check_delivery, producer_settings
 from dpone_dagster.engine.stages.shape import deletes_disabled
 from dpone_dagster.engine.stages.timing import Log, stage
 from dpone_dagster.formats.registry_source import arrow_schema
@@ -82,7 +82,7 @@ from dpone_dagster.sinks.kafka_messages import (
     refuses_duplicates,
     uses_dedupe,
 )
-from dpone_dagster.sinks.registry import PreparedSchema
+from dpone_dagster.sinks.registry import NO_REGISTRY, PreparedSchema
 from dpone_dagster.spark.jobs import BoundedJobs, deadline_s, waves
 from dpone_dagster.spark.keep import release_batch
 from dpone_dagster.spark.session import is_connect, speculates
@@ -140,9 +140,12 @@ def copy(
     sink_config: dict,
     log: Log,
     registry_config: dict | None = None,
-) -> Delivered | None:
+    publish: bool = True,
+) -> Delivered | Judged | None:
     """Run the batch of a SQL source on the direct path; None when it must take the Spark SQL path
-    (nothing was produced then; what this path counted is taken back, the reason is noted)."""
+    (nothing was produced then; what this path counted is taken back, the reason is noted).
+    `publish` False (a checks-only run): the batch is judged, and nothing is registered or
+    produced (JUDGED)."""
     reason = refusal(manifest, planned, spark)
     if reason is not None:
         log(f"direct path: not taken ({reason})")
@@ -200,8 +203,12 @@ def copy(
             release_batch(kept)
     result.execution_path = "direct"
     result.duplicates_removed = removed
+    if not publish:  # checks only: every gate has been judged
+        store.remove(settings, log)
+        direct_registry.note_unregistered(manifest, prepared, result)
+        return JUDGED
     if prepared is None:
-        result.schema_evolution = {"target": "no registry: the target side of schema evolution is a no-op"}
+        result.schema_evolution = dict(NO_REGISTRY)
     try:
         if prepared is not None:  # every gate passed: the schema may be registered now
             value_prefix, key_prefix = direct_registry.register(manifest, prepared, registry_config, result)

@@ -97,15 +97,15 @@ def _run(
         log(f"plan: {planned.name}")
     with stage(result, "preflight", log):
         reconciled = prepare_sink(manifest, sink_config)  # the target and its ends before the run
-    registry = clients.registry(manifest.sink) if writes_registry_format(manifest) and request.publish else None
+    registry = clients.registry(manifest.sink) if writes_registry_format(manifest) else None
     direct_copy = direct_sql.copy if isinstance(manifest.source, SqlSource) else direct.copy
-    delivered = direct_copy(manifest, spark, planned, result, sink_config, log, registry) if request.publish else None
+    delivered = direct_copy(manifest, spark, planned, result, sink_config, log, registry, request.publish)
     if delivered is None:
         delivered = _through_spark_sql(manifest, spark, request, planned, result, sink_config, log)
     if not request.publish:
         return finish_checks_only(store, record, result, log)
     output = None
-    if delivered is not None:
+    if isinstance(delivered, Delivered):
         target, before = reconciled if reconciled is not None else (None, None)
         output = Output(result.rows_extracted, delivered.expected, delivered.stats.delivered, target, before)
     commit_run(manifest, output, planned.state, record, result, log)
@@ -141,7 +141,7 @@ def _through_spark_sql(
             return None
         with stage(result, "shape", log):
             messages = shape_messages(
-                manifest, batch, letters, sink_config, request.clients(), planned.incremental, result, kept, log
+                manifest, batch, letters, sink_config, request.clients(), planned.incremental, result, kept, log, request.publish
             )
         if not request.publish:
             return None

@@ -46,13 +46,15 @@ class RegistryWritePlan:
     message_indexes: tuple[int, ...] | None = None
     references: tuple[tuple[str, str], ...] = ()
     key: KeyEncoding | None = None
+    registered: bool = True  # False: planned only (a checks-only run), ids 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "format": self.fmt,
             "subject": self.subject,
-            "schema_id": self.schema_id,
-            "key_subject_schema_id": self.key.schema_id if self.key else None,
+            "schema_id": self.schema_id if self.registered else None,
+            "key_subject_schema_id": self.key.schema_id if self.key and self.registered else None,
+            "registered": self.registered,
             "evolution": self.evolution.as_dict() if self.evolution else None,
         }
 
@@ -75,10 +77,13 @@ def target_schema(fmt: str, schema_str: str) -> StructType:
     return avro.avro_to_spark(schema_str) if fmt == "avro" else json_schema.json_schema_to_spark(schema_str)
 
 
-def plan_registry_write(manifest: Manifest, source_schema: StructType, registry_config: dict[str, Any]) -> RegistryWritePlan:
-    """Evolve the value schema against the subject (or take the protobuf class) and register it."""
+def plan_registry_write(manifest: Manifest, source_schema: StructType, registry_config: dict[str, Any], register: bool = True) -> RegistryWritePlan:
+    """Evolve the value schema against the subject (or take the protobuf class) and register it;
+    `register` False (a checks-only run): planned only, nothing written to the registry."""
     with registry_errors(registry_config):
-        return _plan_registry_write(manifest, source_schema, registry_config)
+        client = registry_client(registry_config)
+        prepared = _prepare(manifest, source_schema, client)
+        return _register(manifest, prepared, client) if register else unregistered_plan(manifest, prepared)
 
 
 @dataclass(frozen=True)
@@ -102,15 +107,23 @@ def prepare_registry_schema(manifest: Manifest, source_schema: StructType, regis
         return _prepare(manifest, source_schema, registry_client(registry_config))
 
 
+# What a run into a sink without a registry notes of schema evolution.
+NO_REGISTRY = {"target": "no registry: the target side of schema evolution is a no-op"}
+
+
+def unregistered_plan(manifest: Manifest, prepared: PreparedSchema) -> RegistryWritePlan:
+    """The write plan of a prepared schema a checks-only run leaves unregistered: ids 0 (the
+    frames keep their size), nothing written to the registry (pure)."""
+    key = planned_key(manifest, prepared) if prepared.fmt != "protobuf" else None
+    return RegistryWritePlan(
+        prepared.fmt, prepared.subject, 0, prepared.schema_str, prepared.evolution, prepared.message_indexes, prepared.references, key, registered=False
+    )
+
+
 def register_prepared(manifest: Manifest, prepared: PreparedSchema, registry_config: dict[str, Any]) -> RegistryWritePlan:
     """Register a prepared value schema (and the key subject's, for registry-encoded keys)."""
     with registry_errors(registry_config):
         return _register(manifest, prepared, registry_client(registry_config))
-
-
-def _plan_registry_write(manifest: Manifest, source_schema: StructType, registry_config: dict[str, Any]) -> RegistryWritePlan:
-    client = registry_client(registry_config)
-    return _register(manifest, _prepare(manifest, source_schema, client), client)
 
 
 def _register(manifest: Manifest, prepared: PreparedSchema, client: Any) -> RegistryWritePlan:

@@ -49,6 +49,13 @@ class Delivered:
     expected: int
 
 
+class Judged:
+    """A batch judged without producing (a checks-only run): every gate ran, nothing was sent."""
+
+
+JUDGED = Judged()
+
+
 def load(manifest: Manifest, messages: DataFrame, records: int, sink_config: dict, result: RunResult) -> DeliveryStats:
     """Produce the `records` messages; any message not delivered fails the run (no state has moved)."""
     stats = produce(messages, producer_settings(manifest, sink_config), records)

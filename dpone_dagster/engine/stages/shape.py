@@ -25,7 +25,7 @@ from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.manifest.models import KafkaSource, Manifest
 from dpone_dagster.sinks import kafka_messages
 from dpone_dagster.sinks.dead_letters import DeadLetters
-from dpone_dagster.sinks.registry import encodes_keys
+from dpone_dagster.sinks.registry import NO_REGISTRY, encodes_keys
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,12 @@ def shape_messages(
     result: RunResult,
     kept: KeptFrames,
     log: Log,
+    register: bool = True,
 ) -> Messages:
     """Apply key, delete policy, bad-key policy, duplicate policy, the published-stage gates and
     the size limit, with the facts the extract stage counted. Frames persisted on the way are
-    added to `kept` (the producer tasks read them)."""
+    added to `kept` (the producer tasks read them). `register` False (a checks-only run): a
+    registry sink's schema is planned, not registered."""
     staged, ctx, counts = batch.staged, batch.ctx, batch.counts
     sink = manifest.sink
     options = sink.options
@@ -92,7 +94,7 @@ def shape_messages(
         pre_publish_gates(manifest, keyed.drop(kafka_messages.KEY), incremental, result, keyed_rows - removed, "published")
     if options.key.mode == "unique_key" and not kafka_messages.uses_dedupe(sink):
         keyed = kafka_messages.ordered_by_key(keyed)
-    registry = _registry_plan(manifest, keyed, clients, result)
+    registry = _registry_plan(manifest, keyed, clients, result, register)
     messages = kafka_messages.to_messages(keyed, sink, ctx, registry)
     limit = int(producer_config(sink_config, options.delivery).get("message.max.bytes", 1_000_000))
     result.duplicates_removed = removed
@@ -167,16 +169,16 @@ def _measured_messages(
     return sized.where(F.col("__size") <= limit).drop("__size"), expected - too_large
 
 
-def _registry_plan(manifest: Manifest, keyed: DataFrame, clients: RunClients, result: RunResult) -> Any:
+def _registry_plan(manifest: Manifest, keyed: DataFrame, clients: RunClients, result: RunResult, register: bool) -> Any:
     """Schema evolution against the sink subject (registry formats); None for JSON sinks."""
     if not writes_registry_format(manifest):
-        result.schema_evolution = {"target": "no registry: the target side of schema evolution is a no-op"}
+        result.schema_evolution = dict(NO_REGISTRY)
         return None
     from dpone_dagster.sinks.registry import plan_registry_write  # the registry clients: only when needed
 
     payload = StructType(
         [f for f in keyed.schema.fields if f.name in C.payload_columns(keyed.columns) and f.name != kafka_messages.KEY]
     )
-    plan = plan_registry_write(manifest, payload, clients.registry(manifest.sink))
+    plan = plan_registry_write(manifest, payload, clients.registry(manifest.sink), register)
     result.schema_evolution = plan.as_dict()
     return plan
