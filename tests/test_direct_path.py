@@ -611,6 +611,32 @@ def test_numbers_java_prints_otherwise_than_the_shortest_are_printed_by_spark(br
     assert any(b"1.9999999999999998E23" in (r["value"] or b"") + (r["key"] or b"") for r in direct_records) or "hash_row" in sink_options
 
 
+@pytest.mark.parametrize(
+    ("strategy", "sink_options"),
+    [
+        ("{mode: incremental_append, unique_key: [order_id, amount]}", ""),  # the key is the columns' JSON
+        ("{mode: incremental_append, unique_key: order_id}", "key: {mode: hash_row}"),
+        ("{mode: incremental_merge, unique_key: order_id}", "envelope: dpone"),
+        ("{mode: incremental_merge, unique_key: amount, duplicate_policy: keep_last}", ""),  # NaN keys repeat: one is kept
+    ],
+)
+def test_nan_and_infinities_are_written_as_the_spark_sql_path_writes_them(broker, spark, kafka_env, tmp_path, monkeypatch, strategy, sink_options):
+    """An Avro source's doubles holding NaN (of either sign) and the infinities, into a JSON sink:
+    the strings Jackson writes in values ("NaN", "Infinity", "-Infinity"), Spark's text in keys,
+    the same records kept; the batch stays on the direct path."""
+    bs = broker.bootstrap_servers
+    url, src = registry_topic(bs, monkeypatch)
+    special = [float("nan"), float("inf"), float("-inf"), -float("nan")]
+    rows = [{**r, "amount": special[r["order_id"] % 4] if r["order_id"] % 3 == 0 else r["amount"]} for r in shop_rows(300)]
+    produce_registry(bs, url, src, "avro", rows)
+    source = "message_format: avro, schema_registry: {enabled: true}"
+    (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path, monkeypatch, strategy, sink_options, 2, source)
+    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
+    assert len(direct_records) == len(sql_records) == direct.messages_produced
+    assert normalized(direct, direct_records, False) == normalized(sql, sql_records, False)
+    assert any(b'"Infinity"' in (r["value"] or b"") for r in direct_records)
+
+
 def test_a_registry_batch_with_another_subjects_id_and_numbers_spark_prints_stays_on_the_direct_path(broker, spark, kafka_env, tmp_path, monkeypatch):
     """Partition 0: the subject's version, partition 1: another subject's id, both with doubles
     only Spark prints alike. The task stopped by the numbers still reports its schema ids, so the

@@ -260,8 +260,7 @@ def test_a_number_without_spark_text_is_collected_or_refused():
         assert encode(pa.array([2e23, 3.0])).to_pylist() == ["1.9999999999999998E23", "3.0"]
         with pytest.raises(Unencodable, match="not printed by Spark"):
             encode(pa.array([1e23]))
-        with pytest.raises(Unencodable, match="not finite"):
-            encode(pa.array([float("nan")]))
+        assert encode(pa.array([float("nan")])).to_pylist() == ['"NaN"']  # Jackson writes it as a string
 
 
 def test_zeros_and_lists_behind_a_null_struct_are_written():
@@ -282,8 +281,7 @@ def test_large_floats_are_refused_not_guessed():
         encode(pa.array(np.array([1.5, 1.7272904e9], np.float32)))  # Java 17 prints 1.72729037E9
     with pytest.raises(Unencodable):
         encode(pa.array(np.array([1e-38], np.float32)))
-    with pytest.raises(Unencodable):
-        encode(pa.array(np.array([np.nan, 2.5], np.float32)))
+    assert encode(pa.array(np.array([np.nan, 2.5], np.float32))).to_pylist() == ['"NaN"', "2.5"]
 
 
 def test_large_doubles_are_refused_not_guessed():
@@ -403,3 +401,25 @@ def test_a_key_of_three_columns_is_their_json_object_null_only_when_all_are_null
 
     columns = [pa.array(["a", None, None]), pa.array([1.5, None, None]), pa.array([1, 2, None])]
     assert unique_key(columns, ["c", "amount", "id"], (0, 1, 2)).to_pylist() == [b'{"c":"a","amount":1.5,"id":1}', b'{"c":null,"amount":null,"id":2}', None]
+
+
+def test_nan_and_infinities_are_written_as_spark_writes_them(spark):
+    """NaN (of either sign) and the infinities of doubles and floats: in JSON values, lists and
+    objects the strings Jackson writes ("NaN", "Infinity", "-Infinity"); as key text, Spark's
+    `cast(x as string)`, without quotes. Byte for byte what Spark writes."""
+    import numpy as np
+
+    from dpone_dagster.shape.keys import as_text
+
+    nan, inf = float("nan"), float("inf")
+    values = [nan, -nan, inf, -inf, 1.5, None, 0.0]
+    for kind, numpy_type in (("double", np.float64), ("float", np.float32)):
+        column = pa.array([None if v is None else numpy_type(v) for v in values], pa.float64() if kind == "double" else pa.float32())
+        frame = spark.createDataFrame([(v,) for v in column.to_pylist()], f"x {kind}")  # None stays null, NaN stays NaN
+        rows = frame.select(
+            F.to_json(F.struct("x"), JSON_WRITE_OPTIONS), F.to_json(F.struct(F.array("x", "x").alias("l")), JSON_WRITE_OPTIONS), F.col("x").cast("string")
+        ).collect()
+        assert encode(column).to_pylist() == [None if r[0] == '{"x":null}' else r[0][5:-1] for r in rows], kind
+        assert encode(pa.array([[v, v] for v in column.to_pylist()], pa.list_(column.type))).to_pylist() == [r[1][5:-1] for r in rows], kind
+        assert as_text(column).to_pylist() == [r[2] for r in rows], kind
+        assert '"NaN"' in encode(column).to_pylist() and "-Infinity" in as_text(column).to_pylist()

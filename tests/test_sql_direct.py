@@ -184,6 +184,24 @@ def test_an_avro_sink_registers_once_every_gate_passed(broker, spark, kafka_env,
     assert len(direct_records) == 300 and unframed(direct_records) == unframed(sql_records)
 
 
+@pytest.mark.parametrize("strategy", ["{mode: incremental_append, unique_key: [customer, rate]}", "{mode: incremental_merge, unique_key: rate, duplicate_policy: keep_last}"])
+def test_nan_and_infinities_are_written_as_the_spark_sql_path_writes_them(broker, spark, kafka_env, db, tmp_path, monkeypatch, strategy):
+    """double precision and real columns holding NaN and the infinities: the same keys and
+    values on both paths (JSON strings in values, Spark's text in keys), on the direct path."""
+    create_orders(db)
+    execute(
+        db,
+        "UPDATE orders SET rate = 'NaN' WHERE order_id % 5 = 0",
+        "UPDATE orders SET rate = 'Infinity', ratio = '-Infinity' WHERE order_id % 7 = 0",
+        "UPDATE orders SET rate = '-Infinity', ratio = 'NaN' WHERE order_id % 9 = 0",
+    )
+    (direct, direct_records), (sql, sql_records) = run_both(broker.bootstrap_servers, spark, tmp_path, monkeypatch, strategy)
+    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
+    assert direct.messages_produced == len(direct_records) == len(sql_records)
+    assert messages(direct_records) == messages(sql_records)
+    assert any(b'"rate":"NaN"' in r["value"] for r in direct_records)
+
+
 def test_what_only_the_spark_sql_path_decides_goes_there(broker, spark, kafka_env, db, tmp_path):
     """A double Java prints otherwise than the shortest digits: the batch is read again by the
     Spark SQL path, which decides as it always did; nothing was produced by the first attempt."""

@@ -37,9 +37,9 @@ def as_text(column: pa.Array) -> pa.Array:
     if pa.types.is_boolean(kind):
         return pc.if_else(column, "true", "false")
     if pa.types.is_float64(kind):
-        return json_encode.SPARK.doubles(column)
+        return json_encode.double_texts(column)
     if pa.types.is_float32(kind):  # cast(float as string) is Float.toString, as to_json writes it
-        return json_encode.SPARK.floats(column)
+        return json_encode.float_texts(column)
     if pa.types.is_decimal128(kind):  # toPlainString: 0.0000000000, never 0E-10
         text = pc.cast(column, pa.string())
         scientific = pc.fill_null(pc.match_substring(text, "E"), False)

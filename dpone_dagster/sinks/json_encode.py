@@ -8,7 +8,8 @@ control characters (`\\b \\t \\n \\f \\r`, otherwise `\\u00XX` in upper case); d
 1e-307 <= |d| < 1e16 and 1e-37 <= |f| < 1e7 (checked against Spark on millions of values,
 tests/test_json_encode.py) but not always outside, nor for a power of two below 1e-3: such a
 value is printed by Spark itself on the driver (`spark_numbers`: the direct path collects them in
-a scan and scans again with their texts); without its text it is `Unencodable`.
+a scan and scans again with their texts); without its text it is `Unencodable`. NaN and the
+infinities are Java's `NaN`, `Infinity` and `-Infinity`, which Jackson writes as JSON strings.
 
 Every step is a vectorised Arrow kernel; values that need a rare rule (an escape, a double outside
 [1e-3, 1e7)) are formatted in Python one by one. The types a SQL source or a registry source adds
@@ -289,21 +290,30 @@ def _escaped(array: pa.Array, flavor: Flavor) -> pa.Array:
 
 
 def _doubles(array: pa.Array) -> pa.Array:
-    return _java_numbers(array, _EXACT_DOUBLES, "double", java_double)
+    return _java_numbers(array, _EXACT_DOUBLES, "double", java_double, quoted=True)
 
 
 def _floats(array: pa.Array) -> pa.Array:
-    return _java_numbers(array, _EXACT_FLOATS, "float", java_float)
+    return _java_numbers(array, _EXACT_FLOATS, "float", java_float, quoted=True)
 
 
-def _java_numbers(array: pa.Array, exact: tuple[float, float], kind: str, java: Callable[[float], str]) -> pa.Array:
+def double_texts(array: pa.Array) -> pa.Array:
+    """Each double as Spark's `cast(x as string)` writes it: its JSON text, but NaN and the
+    infinities without quotes."""
+    return _java_numbers(array, _EXACT_DOUBLES, "double", java_double, quoted=False)
+
+
+def float_texts(array: pa.Array) -> pa.Array:
+    """Each float as Spark's `cast(x as string)` writes it (Float.toString, as in JSON)."""
+    return _java_numbers(array, _EXACT_FLOATS, "float", java_float, quoted=False)
+
+
+def _java_numbers(array: pa.Array, exact: tuple[float, float], kind: str, java: Callable[[float], str], quoted: bool) -> pa.Array:
     """Each value as Java's `toString` of its type (`java`) writes it; Unencodable past the
     magnitudes where that is the shortest digits (`exact`), and for a power of two below 1e-3,
     where Java 17 narrows its rounding interval and prints more digits (7.4505806E-9 for the
-    float 2^-27)."""
+    float 2^-27). NaN and the infinities in quotes when `quoted` (Jackson writes them as strings)."""
     magnitude = pc.abs(array)
-    if array.null_count != len(array) and not pc.all(pc.is_finite(array)).as_py():
-        raise Unencodable(f"a {kind} that is not finite")
     text = pc.cast(array, pa.string())
     # Arrow writes the same shortest digits; in the plain range only ".0" for whole numbers differs.
     plain = pc.or_(
@@ -318,12 +328,22 @@ def _java_numbers(array: pa.Array, exact: tuple[float, float], kind: str, java: 
     values = pc.filter(array, rare).to_numpy(zero_copy_only=False)
     smallest, largest = exact
     magnitudes = np.abs(values)
+    finite = np.isfinite(values)
     # Where Java 17 may print more digits than the shortest: Spark's own text (SparkNumbers).
-    by_spark = (magnitudes < smallest) | (magnitudes >= largest)
-    small = magnitudes < 1e-3
+    by_spark = finite & ((magnitudes < smallest) | (magnitudes >= largest))
+    small = magnitudes < 1e-3  # False for NaN
     by_spark[small] |= np.abs(np.frexp(values[small])[0]) == 0.5
-    texts = [_spark_text(kind, float(v)) if spark else java(float(v)) for v, spark in zip(values, by_spark, strict=True)]
+    texts = [
+        (_spark_text(kind, float(v)) if spark else java(float(v))) if ok else _not_finite(float(v), quoted)
+        for v, ok, spark in zip(values, finite, by_spark, strict=True)
+    ]
     return pc.replace_with_mask(text, rare, pa.array(texts, pa.string()))
+
+
+def _not_finite(value: float, quoted: bool) -> str:
+    """NaN (of any sign) or an infinity as Java prints it, in quotes in JSON."""
+    text = "NaN" if np.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return f'"{text}"' if quoted else text
 
 
 def _spark_text(kind: str, value: float) -> str:
