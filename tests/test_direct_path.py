@@ -2206,6 +2206,10 @@ def test_a_checks_only_run_judges_the_batch_as_the_spark_sql_path_and_registers_
             run_pipeline(manifest, spark, RunRequest(checks=frozenset({"unique_order_id_extracted"}), publish=False))
         judged = run_pipeline(manifest, spark, RunRequest(checks=selected, publish=False))
         assert judged.execution_path == path, judged.notes
+        # Without auto-registration the schema is looked up, as a publishing run looks it up.
+        looked_up = manifest_text(src, dst, tmp_path / path, strategy, "message_format: avro, schema_registry: {enabled: true, auto_register_schemas: false}", quality)
+        with pytest.raises(ConfigError, match="does not exist and auto_register_schemas is false"):
+            run_pipeline(parse_manifest(looked_up), spark, RunRequest(checks=selected, publish=False))
         assert consume_raw(bs, dst) == []
         assert LocalStateStore(str(tmp_path / path)).load_offsets(src, f"g_{dst}") == {}
         assert not [s for s in registry_client({"url": url}).get_subjects() if s.startswith(dst)]

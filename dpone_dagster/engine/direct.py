@@ -85,7 +85,7 @@ from dpone_dagster.shape.envelope import envelope_parts
 from dpone_dagster.shape.headers import HeaderSpec
 from dpone_dagster.sinks.json_encode import NumberKey
 from dpone_dagster.sinks.kafka_messages import refuses_duplicates, uses_dedupe
-from dpone_dagster.sinks.registry import PreparedSchema
+from dpone_dagster.sinks.registry import NO_REGISTRY, PreparedSchema
 from dpone_dagster.spark import arrow_json
 from dpone_dagster.spark.jobs import MARGIN_S, BoundedJobs, deadline_s, waves
 from dpone_dagster.spark.keep import release_batch
@@ -270,7 +270,7 @@ def _copy(
     result.execution_path = "direct"
     if not publish:  # checks only: every gate has been judged
         _remove_spills(spark, jobs, settings, groups)
-        direct_registry.note_unregistered(manifest, prepared, result)
+        direct_registry.note_unregistered(manifest, prepared, registry_config, result)
         return JUDGED
     producer = producer_settings(manifest, sink_config)
     checkpoint = storing_rule(manifest, planned.checkpoint, result.duplicates_removed, sum(len(o) for o in ordered.values()), result)
@@ -278,6 +278,8 @@ def _copy(
         if prepared is not None:  # every gate passed: the schema may be registered now
             value_prefix, key_prefix = direct_registry.register(manifest, prepared, registry_config, result)
             settings = replace(settings, value_prefix=value_prefix, key_prefix=key_prefix)
+        else:
+            result.schema_evolution = dict(NO_REGISTRY)
         publish_dead_letters(bad.letters, result, log)  # the output leaves, letters first
         with stage(result, "load", log):
             rows_of_stats = []

@@ -24,10 +24,10 @@ from dpone_dagster.schema.wire_format import frame
 from dpone_dagster.sinks.registry import (
     NO_REGISTRY,
     PreparedSchema,
+    plan_unregistered,
     planned_key,
     prepare_registry_schema,
     register_prepared,
-    unregistered_plan,
 )
 from dpone_dagster.spark.registry_codec import KeyEncoding, nullable_schema, writer_schema
 
@@ -84,10 +84,14 @@ def key_frame_bytes(key: KeyEncoding | None) -> int:
     return len(frame(0, b"")) if key is not None else 0
 
 
-def note_unregistered(manifest: Manifest, prepared: PreparedSchema | None, result: RunResult) -> None:
+def note_unregistered(manifest: Manifest, prepared: PreparedSchema | None, registry_config: dict[str, Any] | None, result: RunResult) -> None:
     """What a checks-only run notes of the sink's schema, as the Spark SQL path notes it: planned,
-    not registered (no registry for a JSON sink)."""
-    result.schema_evolution = unregistered_plan(manifest, prepared).as_dict() if prepared is not None else dict(NO_REGISTRY)
+    not registered (looked up without auto_register_schemas; no registry for a JSON sink)."""
+    if prepared is None:
+        result.schema_evolution = dict(NO_REGISTRY)
+        return
+    assert registry_config is not None
+    result.schema_evolution = plan_unregistered(manifest, prepared, registry_config).as_dict()
 
 
 def register(manifest: Manifest, prepared: PreparedSchema, registry_config: dict[str, Any] | None, result: RunResult) -> tuple[bytes, bytes]:

@@ -205,7 +205,7 @@ def copy(
     result.duplicates_removed = removed
     if not publish:  # checks only: every gate has been judged
         store.remove(settings, log)
-        direct_registry.note_unregistered(manifest, prepared, result)
+        direct_registry.note_unregistered(manifest, prepared, registry_config, result)
         return JUDGED
     if prepared is None:
         result.schema_evolution = dict(NO_REGISTRY)

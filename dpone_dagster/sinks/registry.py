@@ -83,7 +83,7 @@ def plan_registry_write(manifest: Manifest, source_schema: StructType, registry_
     with registry_errors(registry_config):
         client = registry_client(registry_config)
         prepared = _prepare(manifest, source_schema, client)
-        return _register(manifest, prepared, client) if register else unregistered_plan(manifest, prepared)
+        return _register(manifest, prepared, client) if register else _checked_unregistered(manifest, prepared, client)
 
 
 @dataclass(frozen=True)
@@ -111,13 +111,27 @@ def prepare_registry_schema(manifest: Manifest, source_schema: StructType, regis
 NO_REGISTRY = {"target": "no registry: the target side of schema evolution is a no-op"}
 
 
-def unregistered_plan(manifest: Manifest, prepared: PreparedSchema) -> RegistryWritePlan:
+def _unregistered_plan(manifest: Manifest, prepared: PreparedSchema) -> RegistryWritePlan:
     """The write plan of a prepared schema a checks-only run leaves unregistered: ids 0 (the
     frames keep their size), nothing written to the registry (pure)."""
     key = planned_key(manifest, prepared) if prepared.fmt != "protobuf" else None
     return RegistryWritePlan(
         prepared.fmt, prepared.subject, 0, prepared.schema_str, prepared.evolution, prepared.message_indexes, prepared.references, key, registered=False
     )
+
+
+def plan_unregistered(manifest: Manifest, prepared: PreparedSchema, registry_config: dict[str, Any]) -> RegistryWritePlan:
+    """A checks-only run's plan of a prepared schema: nothing written to the registry; without
+    auto_register_schemas the schemas are looked up, as a publishing run looks them up (failing
+    where the registry lacks them)."""
+    with registry_errors(registry_config):
+        return _checked_unregistered(manifest, prepared, registry_client(registry_config))
+
+
+def _checked_unregistered(manifest: Manifest, prepared: PreparedSchema, client: Any) -> RegistryWritePlan:
+    if manifest.sink.options.schema_registry.auto_register_schemas:
+        return _unregistered_plan(manifest, prepared)
+    return replace(_register(manifest, prepared, client), registered=False)  # lookups only
 
 
 def register_prepared(manifest: Manifest, prepared: PreparedSchema, registry_config: dict[str, Any]) -> RegistryWritePlan:
@@ -281,7 +295,7 @@ def refuse_unknown_symbols(df: DataFrame, plan: RegistryWritePlan, columns: list
     ]
     if problems:
         raise DataRefused(
-            f"values do not fit the registered schema id {plan.schema_id} of subject {plan.subject!r}: "
+            f"values do not fit the {f'registered schema id {plan.schema_id}' if plan.registered else 'planned schema'} of subject {plan.subject!r}: "
             + "; ".join(problems)
             + ". Nothing was produced. Map the values to the enum's symbols in the source, or add the symbols "
             "to the enum in the registry (a compatible change) first"
