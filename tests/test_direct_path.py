@@ -1202,14 +1202,36 @@ def test_ordered_phase_with_spill_files_gone_and_bad_records(broker, spark, kafk
     assert d[4] == s[4]
 
 
+def test_non_numeric_numbers_of_a_json_source_are_read_as_spark_reads_them(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """Bare NaN, Infinity and -Infinity tokens (in the schema sample and past it) are doubles to
+    both paths and written as Spark writes them; -NaN, Inf and -Inf, which Arrow's reader takes
+    and Spark's does not, are bad records on both paths (dead letters), not values."""
+    bs = broker.bootstrap_servers
+    src = unique_topic("dsrc")
+    create_topic(bs, src, 1)
+    tokens = {10: b"NaN", 20: b"Infinity", 30: b"-Infinity", 1_050: b"NaN", 1_060: b"-Infinity", 1_070: b"Inf", 1_080: b"-Inf", 1_090: b"-NaN"}
+    rows: list[Any] = [
+        b'{"order_id": %d, "amount": %s, "note": "Info %d"}' % (i, tokens[i], i) if i in tokens else {"order_id": i, "amount": i * 0.5, "note": f"Info {i}"}
+        for i in range(1_200)
+    ]
+    produce_json(bs, src, rows, partition=0)
+    outcomes = on_error_outcomes(bs, spark, src, tmp_path, monkeypatch, "{mode: incremental_append, unique_key: order_id}", "", "on_error: dead_letter")
+    assert outcomes["direct"] == outcomes["spark_sql"]
+    extracted, dead_lettered, _, _, produced, committed, (_, by_key), letters = outcomes["direct"]
+    assert (extracted, dead_lettered, produced, committed, len(letters)) == (1_200, 3, 1_197, {0: 1_200}, 3)
+    values = [v for per_key in by_key.values() for v in per_key]
+    counts = [sum(f'"amount":{text}'.encode() in v for v in values) for text in ('"NaN"', '"Infinity"', '"-Infinity"')]
+    assert counts == [2, 1, 2], values[:3]
+
+
 def test_what_only_spark_sql_does_goes_there_before_anything_is_produced(broker, spark, kafka_env, tmp_path, monkeypatch):
     """Each batch holds one record the direct path cannot shape exactly; the whole batch takes the
     Spark SQL path, so the target holds each message once."""
     bs = broker.bootstrap_servers
     keyed = "{mode: incremental_append, unique_key: order_id}"
     cases = {  # reason: (the odd record, source options, sink options, strategy)
-        # Spark reads NaN (allowNonNumericNumbers), the task decoder does not; Spark writes it as "NaN".
-        "a NaN": ({"order_id": 5_000, "amount": float("nan"), "blob": ""}, "", "", keyed),
+        # Spark reads +INF (allowNonNumericNumbers), the task decoder does not; Spark writes it as "Infinity".
+        "a +INF": (b'{"order_id": 5000, "amount": +INF, "blob": ""}', "", "", keyed),
     }
     for reason, (odd, source_options, sink_options, strategy) in cases.items():
         src, dst = unique_topic("dsrc"), unique_topic("ddst")

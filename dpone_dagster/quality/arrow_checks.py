@@ -102,8 +102,8 @@ def _value_set(kind: pa.DataType, values: list[Any]) -> pa.Array | None:
         ok = all(isinstance(v, str) for v in accepted)
     elif pa.types.is_integer(kind):
         ok = all(isinstance(v, int) and not isinstance(v, bool) for v in accepted)
-    elif pa.types.is_floating(kind):
-        ok = all(isinstance(v, int | float) and not isinstance(v, bool) for v in accepted)
+    elif pa.types.is_floating(kind):  # an accepted NaN is left to Spark, for which every NaN is equal
+        ok = all(isinstance(v, int | float) and not isinstance(v, bool) and v == v for v in accepted)
     elif pa.types.is_boolean(kind):
         ok = all(isinstance(v, bool) for v in accepted)
     else:

@@ -12,6 +12,8 @@ the JVM. The guards below keep pyarrow's line-based reader aligned with the reco
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -121,8 +123,34 @@ def _read(values: pa.Array, schema: pa.Schema) -> pa.Table | None:
         table.validate(full=True)
     except (pa.ArrowException, UnicodeDecodeError, ValueError):
         return None
+    if _holds_non_finite(table) and _NOT_JACKSONS.search(buffer):  # a record Spark finds corrupt
+        return None
     # One row per value (a value holding two objects would add rows).
     return table if table.num_rows == n + 1 else None
+
+
+# Non-numeric numbers Arrow's reader takes but Jackson's (Spark's, allowNonNumericNumbers) does
+# not: -NaN, Inf, -Inf, where a value starts. Looked for only in a batch that decoded a NaN or an
+# infinity; a string holding such text after a colon sends that batch to Spark's decoder, which
+# reads it alike.
+_NOT_JACKSONS = re.compile(rb"[:,\[][ \t\r\n]*(?:-NaN|-?Inf(?!inity))")
+
+
+def _holds_non_finite(data: pa.Table | pa.Array) -> bool:
+    """Whether a floating value anywhere in `data` (nested fields, lists, map values) is NaN or
+    infinite."""
+    if isinstance(data, pa.Table):
+        return any(_holds_non_finite(column.combine_chunks()) for column in data.columns)
+    kind = data.type
+    if pa.types.is_floating(kind):
+        return not pc.all(pc.is_finite(data.drop_null())).as_py() if len(data) - data.null_count else False
+    if pa.types.is_struct(kind):
+        return any(_holds_non_finite(data.field(i)) for i in range(kind.num_fields))
+    if pa.types.is_map(kind):
+        return _holds_non_finite(data.items) or _holds_non_finite(data.keys)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _holds_non_finite(data.values)
+    return False
 
 
 # Arrow's reader recurses into the nesting of fields it infers: a value nested ~9,000 levels deep
