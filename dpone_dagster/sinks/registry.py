@@ -46,7 +46,7 @@ class RegistryWritePlan:
     message_indexes: tuple[int, ...] | None = None
     references: tuple[tuple[str, str], ...] = ()
     key: KeyEncoding | None = None
-    registered: bool = True  # False: planned only (a checks-only run), ids 0
+    registered: bool = True  # False: not registered by the run (checks only): ids 0, or those looked up
 
     def as_dict(self) -> dict[str, Any]:
         return {
