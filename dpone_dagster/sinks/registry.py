@@ -111,15 +111,6 @@ def prepare_registry_schema(manifest: Manifest, source_schema: StructType, regis
 NO_REGISTRY = {"target": "no registry: the target side of schema evolution is a no-op"}
 
 
-def _unregistered_plan(manifest: Manifest, prepared: PreparedSchema) -> RegistryWritePlan:
-    """The write plan of a prepared schema a checks-only run leaves unregistered: ids 0 (the
-    frames keep their size), nothing written to the registry (pure)."""
-    key = planned_key(manifest, prepared) if prepared.fmt != "protobuf" else None
-    return RegistryWritePlan(
-        prepared.fmt, prepared.subject, 0, prepared.schema_str, prepared.evolution, prepared.message_indexes, prepared.references, key, registered=False
-    )
-
-
 def plan_unregistered(manifest: Manifest, prepared: PreparedSchema, registry_config: dict[str, Any]) -> RegistryWritePlan:
     """A checks-only run's plan of a prepared schema: nothing written to the registry; without
     auto_register_schemas the schemas are looked up, as a publishing run looks them up (failing
@@ -129,9 +120,14 @@ def plan_unregistered(manifest: Manifest, prepared: PreparedSchema, registry_con
 
 
 def _checked_unregistered(manifest: Manifest, prepared: PreparedSchema, client: Any) -> RegistryWritePlan:
-    if manifest.sink.options.schema_registry.auto_register_schemas:
-        return _unregistered_plan(manifest, prepared)
-    return replace(_register(manifest, prepared, client), registered=False)  # lookups only
+    """`plan_unregistered` with a client: with auto-registration ids 0 (the frames keep their
+    size) and no registry call; without it the lookups `_register` makes."""
+    if not manifest.sink.options.schema_registry.auto_register_schemas:
+        return replace(_register(manifest, prepared, client), registered=False)
+    key = planned_key(manifest, prepared) if prepared.fmt != "protobuf" else None
+    return RegistryWritePlan(
+        prepared.fmt, prepared.subject, 0, prepared.schema_str, prepared.evolution, prepared.message_indexes, prepared.references, key, registered=False
+    )
 
 
 def register_prepared(manifest: Manifest, prepared: PreparedSchema, registry_config: dict[str, Any]) -> RegistryWritePlan:

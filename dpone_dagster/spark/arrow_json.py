@@ -139,8 +139,8 @@ _NOT_JACKSONS = re.compile(rb"[:,\[][ \t\r\n]*(?:-NaN|-?Inf(?!inity))")
 def _holds_non_finite(data: pa.Table | pa.Array) -> bool:
     """Whether a floating value anywhere in `data` (nested fields, lists, map values) is NaN or
     infinite."""
-    if isinstance(data, pa.Table):
-        return any(_holds_non_finite(column.combine_chunks()) for column in data.columns)
+    if isinstance(data, pa.Table):  # chunk by chunk: no column is copied
+        return any(_holds_non_finite(chunk) for column in data.columns for chunk in column.chunks)
     kind = data.type
     if pa.types.is_floating(kind):
         return not pc.all(pc.is_finite(data.drop_null())).as_py() if len(data) - data.null_count else False
