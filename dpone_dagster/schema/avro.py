@@ -25,69 +25,49 @@ from datetime import UTC, datetime
 from typing import Any
 
 import fastavro
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    BooleanType,
-    ByteType,
-    DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    MapType,
-    NullType,
-    ShortType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampNTZType,
-    TimestampType,
-)
+from pyspark.sql import types as T
 
 from dpone_dagster.errors import ConfigError
 from dpone_dagster.schema.values import DEFAULT_KEY, to_spark_value
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PRIMITIVES: dict[type, str] = {
-    BooleanType: "boolean",
-    ByteType: "int",
-    ShortType: "int",
-    IntegerType: "int",
-    LongType: "long",
-    FloatType: "float",
-    DoubleType: "double",
-    StringType: "string",
-    BinaryType: "bytes",
-    NullType: "null",
+    T.BooleanType: "boolean",
+    T.ByteType: "int",
+    T.ShortType: "int",
+    T.IntegerType: "int",
+    T.LongType: "long",
+    T.FloatType: "float",
+    T.DoubleType: "double",
+    T.StringType: "string",
+    T.BinaryType: "bytes",
+    T.NullType: "null",
 }
 _LOGICAL: dict[type, dict[str, str]] = {
-    TimestampType: {"type": "long", "logicalType": "timestamp-micros"},
-    TimestampNTZType: {"type": "long", "logicalType": "local-timestamp-micros"},
-    DateType: {"type": "int", "logicalType": "date"},
+    T.TimestampType: {"type": "long", "logicalType": "timestamp-micros"},
+    T.TimestampNTZType: {"type": "long", "logicalType": "local-timestamp-micros"},
+    T.DateType: {"type": "int", "logicalType": "date"},
 }
-_FROM_PRIMITIVE: dict[str, DataType] = {
-    "null": NullType(),
-    "boolean": BooleanType(),
-    "int": IntegerType(),
-    "long": LongType(),
-    "float": FloatType(),
-    "double": DoubleType(),
-    "bytes": BinaryType(),
-    "string": StringType(),
+_FROM_PRIMITIVE: dict[str, T.DataType] = {
+    "null": T.NullType(),
+    "boolean": T.BooleanType(),
+    "int": T.IntegerType(),
+    "long": T.LongType(),
+    "float": T.FloatType(),
+    "double": T.DoubleType(),
+    "bytes": T.BinaryType(),
+    "string": T.StringType(),
 }
-_FROM_LOGICAL: dict[str, DataType] = {
-    "date": DateType(),
-    "timestamp-millis": TimestampType(),
-    "timestamp-micros": TimestampType(),
-    "local-timestamp-millis": TimestampNTZType(),
-    "local-timestamp-micros": TimestampNTZType(),
-    "uuid": StringType(),
+_FROM_LOGICAL: dict[str, T.DataType] = {
+    "date": T.DateType(),
+    "timestamp-millis": T.TimestampType(),
+    "timestamp-micros": T.TimestampType(),
+    "local-timestamp-millis": T.TimestampNTZType(),
+    "local-timestamp-micros": T.TimestampNTZType(),
+    "uuid": T.StringType(),
     # Spark has no time-of-day type the Arrow bridge maps; fastavro yields datetime.time -> "HH:MM:SS[.ffffff]".
-    "time-millis": StringType(),
-    "time-micros": StringType(),
+    "time-millis": T.StringType(),
+    "time-micros": T.StringType(),
 }
 
 
@@ -108,7 +88,7 @@ def avro_fullname(schema: Mapping[str, Any] | str) -> str:
 # --------------------------------------------------------------------------- Spark -> Avro
 
 
-def spark_to_avro(schema: StructType, name: str, namespace: str | None = None) -> dict[str, Any]:
+def spark_to_avro(schema: T.StructType, name: str, namespace: str | None = None) -> dict[str, Any]:
     """The Avro record schema of a Spark struct (see the module docstring for the mapping)."""
     if not _NAME.match(name):
         raise ConfigError(f"Avro record name {name!r} is invalid; use letters, digits and underscores")
@@ -127,7 +107,7 @@ def unique_name(name: str, used: set[str]) -> str:
     return candidate
 
 
-def _record(struct: StructType, name: str, used: set[str], path: str) -> dict[str, Any]:
+def _record(struct: T.StructType, name: str, used: set[str], path: str) -> dict[str, Any]:
     record_name = unique_name(name, used)
     bad = [f.name for f in struct.fields if not _NAME.match(f.name)]
     if bad:
@@ -141,10 +121,10 @@ def _record(struct: StructType, name: str, used: set[str], path: str) -> dict[st
     return {"type": "record", "name": record_name, "fields": fields}
 
 
-def avro_field(field: StructField, avro_type: Any) -> dict[str, Any]:
+def avro_field(field: T.StructField, avro_type: Any) -> dict[str, Any]:
     """The record field for a Spark field of Avro type `avro_type` (nullability and default)."""
     default = field.metadata.get(DEFAULT_KEY)
-    if isinstance(field.dataType, NullType):
+    if isinstance(field.dataType, T.NullType):
         return {"name": field.name, "type": "null", "default": None}
     if field.nullable:
         if default is not None:  # Avro: a default must match the first union branch
@@ -160,20 +140,20 @@ def _nullable(avro_type: Any, nullable: bool) -> Any:
     return ["null", avro_type] if nullable and avro_type != "null" else avro_type
 
 
-def to_avro_type(dtype: DataType, record_name: str, used: set[str], path: str) -> Any:
+def to_avro_type(dtype: T.DataType, record_name: str, used: set[str], path: str) -> Any:
     """The Avro type of a Spark type; records are named `record_name` (made unique in `used`)."""
     if type(dtype) in _PRIMITIVES:
         return _PRIMITIVES[type(dtype)]
     if type(dtype) in _LOGICAL:
         return dict(_LOGICAL[type(dtype)])
-    if isinstance(dtype, DecimalType):
+    if isinstance(dtype, T.DecimalType):
         return {"type": "bytes", "logicalType": "decimal", "precision": dtype.precision, "scale": dtype.scale}
-    if isinstance(dtype, StructType):
+    if isinstance(dtype, T.StructType):
         return _record(dtype, record_name, used, path)
-    if isinstance(dtype, ArrayType):
+    if isinstance(dtype, T.ArrayType):
         return {"type": "array", "items": _nullable(to_avro_type(dtype.elementType, record_name, used, path), dtype.containsNull)}
-    if isinstance(dtype, MapType):
-        if not isinstance(dtype.keyType, StringType):
+    if isinstance(dtype, T.MapType):
+        if not isinstance(dtype.keyType, T.StringType):
             raise ConfigError(f"{path}: Avro map keys are strings; cast the {dtype.keyType.simpleString()} keys to string")
         values = to_avro_type(dtype.valueType, record_name, used, path)
         return {"type": "map", "values": _nullable(values, dtype.valueContainsNull)}
@@ -183,13 +163,13 @@ def to_avro_type(dtype: DataType, record_name: str, used: set[str], path: str) -
 # --------------------------------------------------------------------------- Avro -> Spark
 
 
-def avro_to_spark(schema: Mapping[str, Any] | str) -> StructType:
+def avro_to_spark(schema: Mapping[str, Any] | str) -> T.StructType:
     """The Spark struct of an Avro record schema (JSON text or parsed)."""
     parsed = json.loads(schema) if isinstance(schema, str) else schema
     if not isinstance(parsed, Mapping) or parsed.get("type") != "record":
         raise ConfigError("the Avro schema must be a record at the top level")
     dtype, _ = AvroReader().read(parsed, parsed.get("namespace"))
-    assert isinstance(dtype, StructType)
+    assert isinstance(dtype, T.StructType)
     return dtype
 
 
@@ -201,7 +181,7 @@ class AvroReader:
         self.named: dict[str, Any] = {}
         self.in_progress: set[str] = set()
 
-    def read(self, node: Any, namespace: str | None) -> tuple[DataType, bool]:
+    def read(self, node: Any, namespace: str | None) -> tuple[T.DataType, bool]:
         """(Spark type, nullable) of an Avro type node."""
         if isinstance(node, list):
             return self._union(node, namespace)
@@ -222,35 +202,35 @@ class AvroReader:
             return self._record(node, namespace), False
         if kind == "enum":
             self._register(node, namespace)
-            return StringType(), False
+            return T.StringType(), False
         if kind == "fixed":
             self._register(node, namespace)
-            return BinaryType(), False
+            return T.BinaryType(), False
         if kind == "array":
             items, items_null = self.read(node["items"], namespace)
-            return ArrayType(items, items_null), False
+            return T.ArrayType(items, items_null), False
         if kind == "map":
             values, values_null = self.read(node["values"], namespace)
-            return MapType(StringType(), values, values_null), False
+            return T.MapType(T.StringType(), values, values_null), False
         return self.read(kind, namespace)  # {"type": "long"} and friends
 
-    def _decimal(self, node: Mapping[str, Any]) -> DecimalType:
+    def _decimal(self, node: Mapping[str, Any]) -> T.DecimalType:
         precision, scale = int(node["precision"]), int(node.get("scale", 0))
         if precision > 38:
             raise ConfigError(f"Avro decimal precision {precision} exceeds Spark's maximum of 38")
-        return DecimalType(precision, scale)
+        return T.DecimalType(precision, scale)
 
-    def _union(self, branches: list[Any], namespace: str | None) -> tuple[DataType, bool]:
+    def _union(self, branches: list[Any], namespace: str | None) -> tuple[T.DataType, bool]:
         non_null = [b for b in branches if b != "null" and not (isinstance(b, Mapping) and b.get("type") == "null")]
         nullable = len(non_null) < len(branches)
         if not non_null:
-            return NullType(), True
+            return T.NullType(), True
         if len(non_null) == 1:
             dtype, inner_null = self.read(non_null[0], namespace)
             return dtype, nullable or inner_null
         for branch in non_null:  # still register the named types the branches define
             self.read(branch, namespace)
-        return StringType(), nullable  # documented: multi-type unions surface as JSON text
+        return T.StringType(), nullable  # documented: multi-type unions surface as JSON text
 
     def _fullname(self, node: Mapping[str, Any], namespace: str | None) -> tuple[str, str | None]:
         name = str(node["name"])
@@ -275,7 +255,7 @@ class AvroReader:
                 return candidate, node, ns
         return None
 
-    def _named_reference(self, name: str, namespace: str | None) -> tuple[DataType, bool]:
+    def _named_reference(self, name: str, namespace: str | None) -> tuple[T.DataType, bool]:
         found = self.definition(name, namespace)
         if found is None:
             raise ConfigError(f"unknown Avro type {name!r}")
@@ -284,7 +264,7 @@ class AvroReader:
             raise ConfigError(f"recursive Avro type {fullname} cannot be mapped to a Spark schema")
         return self.read(node, ns)
 
-    def _record(self, node: Mapping[str, Any], namespace: str | None) -> StructType:
+    def _record(self, node: Mapping[str, Any], namespace: str | None) -> T.StructType:
         fullname, ns = self._fullname(node, namespace)
         if fullname in self.in_progress:
             raise ConfigError(f"recursive Avro type {fullname} cannot be mapped to a Spark schema")
@@ -294,9 +274,9 @@ class AvroReader:
         for field in node.get("fields", []):
             dtype, nullable = self.read(field["type"], ns)
             metadata = {DEFAULT_KEY: field["default"]} if field.get("default") is not None else {}
-            fields.append(StructField(str(field["name"]), dtype, nullable, metadata))
+            fields.append(T.StructField(str(field["name"]), dtype, nullable, metadata))
         self.in_progress.discard(fullname)
-        return StructType(fields)
+        return T.StructType(fields)
 
 
 def enum_fields(schema: Mapping[str, Any] | str) -> dict[str, tuple[str, tuple[str, ...]]]:
@@ -341,7 +321,7 @@ def read_avro(payload: bytes, parsed_schema: Any) -> Any:
     return fastavro.schemaless_reader(io.BytesIO(payload), parsed_schema, None)
 
 
-def to_avro_datum(row: Mapping[str, Any], schema: StructType) -> dict[str, Any]:
+def to_avro_datum(row: Mapping[str, Any], schema: T.StructType) -> dict[str, Any]:
     """A row (Arrow `to_pylist` form: maps as pairs, UTC-aware timestamps) as a fastavro datum.
 
     fastavro converts Decimal, datetime and date itself; this only reshapes containers, makes
@@ -351,10 +331,10 @@ def to_avro_datum(row: Mapping[str, Any], schema: StructType) -> dict[str, Any]:
     return _datum(row, schema)  # type: ignore[return-value]
 
 
-def _datum(value: Any, dtype: DataType) -> Any:
+def _datum(value: Any, dtype: T.DataType) -> Any:
     if value is None:
         return None
-    if isinstance(dtype, StructType):
+    if isinstance(dtype, T.StructType):
         out = {}
         for field in dtype.fields:
             item = _datum(value.get(field.name), field.dataType)
@@ -362,17 +342,17 @@ def _datum(value: Any, dtype: DataType) -> Any:
                 continue
             out[field.name] = item
         return out
-    if isinstance(dtype, ArrayType):
+    if isinstance(dtype, T.ArrayType):
         return [_datum(v, dtype.elementType) for v in value]
-    if isinstance(dtype, MapType):
+    if isinstance(dtype, T.MapType):
         pairs = value.items() if isinstance(value, Mapping) else value
         return {str(k): _datum(v, dtype.valueType) for k, v in pairs}
-    if isinstance(dtype, TimestampType) and isinstance(value, datetime) and value.tzinfo is None:
+    if isinstance(dtype, T.TimestampType) and isinstance(value, datetime) and value.tzinfo is None:
         return value.replace(tzinfo=UTC)
     return value
 
 
-def from_avro_datum(datum: Any, schema: StructType) -> dict[str, Any]:
+def from_avro_datum(datum: Any, schema: T.StructType) -> dict[str, Any]:
     """A decoded fastavro datum as a row for `schema` (projection by field name; see
     `values.to_spark_value` for the value rules)."""
     return to_spark_value(datum, schema)

@@ -41,21 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from pyspark.sql.types import (
-    ArrayType,
-    ByteType,
-    DataType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    MapType,
-    NullType,
-    ShortType,
-    StructField,
-    StructType,
-)
+from pyspark.sql import types as T
 
 from dpone_dagster import columns as C
 from dpone_dagster.errors import ConfigError
@@ -64,8 +50,8 @@ from dpone_dagster.schema.values import DEFAULT_KEY
 NC_PREFIX = "__dpone__nc__"
 MODES = ("BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE", "NONE")
 ActionKind = Literal["add", "widen", "route_new_column", "keep_target_field", "retype", "breaking"]
-_INT_RANK = {ByteType: 1, ShortType: 2, IntegerType: 3, LongType: 4}
-_INT_DIGITS = {ByteType: 3, ShortType: 5, IntegerType: 10, LongType: 19}
+_INT_RANK = {T.ByteType: 1, T.ShortType: 2, T.IntegerType: 3, T.LongType: 4}
+_INT_DIGITS = {T.ByteType: 3, T.ShortType: 5, T.IntegerType: 10, T.LongType: 19}
 
 
 @dataclass(frozen=True)
@@ -81,11 +67,11 @@ class EvolutionAction:
 @dataclass(frozen=True)
 class EvolutionPlan:
     actions: tuple[EvolutionAction, ...]
-    result_schema: StructType
+    result_schema: T.StructType
     breaking: bool
     compatibility: str = "BACKWARD"
     on_type_change: str = "fail"
-    target_schema: StructType | None = field(default=None, compare=False)
+    target_schema: T.StructType | None = field(default=None, compare=False)
 
     @property
     def changed(self) -> bool:
@@ -145,18 +131,18 @@ class _Rules:
 
 
 def plan_evolution(
-    source: StructType,
-    target: StructType | None,
+    source: T.StructType,
+    target: T.StructType | None,
     compatibility: str = "BACKWARD",
     on_type_change: str = "fail",
-    history: Sequence[StructType] = (),
+    history: Sequence[T.StructType] = (),
 ) -> EvolutionPlan:
     """Plan the target schema change for `source` (metadata columns are ignored). `history` holds
     earlier registered versions, checked too under *_TRANSITIVE modes."""
     if on_type_change not in ("fail", "new_column"):
         raise ConfigError(f"unknown on_type_change {on_type_change!r}; use fail or new_column")
     rules = _Rules.of(compatibility)
-    payload = StructType([f for f in source.fields if f.name not in C.METADATA])
+    payload = T.StructType([f for f in source.fields if f.name not in C.METADATA])
     if target is None:
         return EvolutionPlan((), payload, False, compatibility, on_type_change, None)
     merger = _Merger(rules, on_type_change == "new_column")
@@ -170,11 +156,11 @@ def plan_evolution(
     return EvolutionPlan(tuple(actions), result, breaking, compatibility, on_type_change, target)
 
 
-def _or(value: DataType | None, fallback: DataType) -> DataType:
+def _or(value: T.DataType | None, fallback: T.DataType) -> T.DataType:
     return fallback if value is None else value  # not `or`: an empty StructType is falsy
 
 
-def _has_default(f: StructField) -> bool:
+def _has_default(f: T.StructField) -> bool:
     return f.nullable or f.metadata.get(DEFAULT_KEY) is not None
 
 
@@ -187,11 +173,11 @@ class _Merger:
     def act(self, kind: ActionKind, path: str, detail: str) -> None:
         self.actions.append(EvolutionAction(kind, path, detail))
 
-    def merge_struct(self, prefix: str, source: StructType, target: StructType, top_level: bool = False) -> StructType:
+    def merge_struct(self, prefix: str, source: T.StructType, target: T.StructType, top_level: bool = False) -> T.StructType:
         src = {f.name: f for f in source.fields}
         target_names = {f.name for f in target.fields}
-        out: list[StructField] = []
-        variants: list[StructField] = []
+        out: list[T.StructField] = []
+        variants: list[T.StructField] = []
         for tgt in target.fields:
             path = f"{prefix}{tgt.name}"
             if tgt.name not in src:
@@ -200,9 +186,9 @@ class _Merger:
             merged = self._merge_type(path, src[tgt.name].dataType, tgt.dataType, tgt if top_level else None)
             if merged is None:  # routed: the column keeps its type, values go to the variant column
                 out.append(tgt)
-                variants.append(StructField(NC_PREFIX + tgt.name, src[tgt.name].dataType, True))
+                variants.append(T.StructField(NC_PREFIX + tgt.name, src[tgt.name].dataType, True))
             else:
-                out.append(StructField(tgt.name, merged, tgt.nullable, tgt.metadata))
+                out.append(T.StructField(tgt.name, merged, tgt.nullable, tgt.metadata))
         out += [self._added(f"{prefix}{f.name}", f) for f in source.fields if f.name not in target_names]
         routed = {f"{prefix}{v.name}" for v in variants}  # written with routed values, not "kept as null"
         self.actions = [a for a in self.actions if not (a.kind == "keep_target_field" and a.path in routed)]
@@ -213,20 +199,20 @@ class _Merger:
                 continue
             existing = out[index]  # the variant column exists already: the values must fit it
             merged = self._merge_type(variant.name, variant.dataType, existing.dataType, None)
-            out[index] = StructField(existing.name, _or(merged, existing.dataType), existing.nullable, existing.metadata)
-        return StructType(out)
+            out[index] = T.StructField(existing.name, _or(merged, existing.dataType), existing.nullable, existing.metadata)
+        return T.StructType(out)
 
-    def _missing(self, path: str, tgt: StructField) -> StructField:
+    def _missing(self, path: str, tgt: T.StructField) -> T.StructField:
         if _has_default(tgt):
             self.act("keep_target_field", path, "not in the source: written as null" + (" (default)" if not tgt.nullable else ""))
             return tgt
         if self.rules.none:
             self.act("keep_target_field", path, "not in the source: made nullable and written as null (compatibility NONE)")
-            return StructField(tgt.name, tgt.dataType, True, tgt.metadata)
+            return T.StructField(tgt.name, tgt.dataType, True, tgt.metadata)
         self.act("breaking", path, "required field (no default) is missing from the source and cannot be written")
         return tgt
 
-    def _added(self, path: str, f: StructField) -> StructField:
+    def _added(self, path: str, f: T.StructField) -> T.StructField:
         kind = f.dataType.simpleString()
         if f.nullable:
             self.act("add", path, f"new nullable field {kind} (default null)")
@@ -237,18 +223,18 @@ class _Merger:
             self.act("add", path, f"new required field {kind}")
         return f
 
-    def _merge_type(self, path: str, src: DataType, tgt: DataType, column: StructField | None) -> DataType | None:
+    def _merge_type(self, path: str, src: T.DataType, tgt: T.DataType, column: T.StructField | None) -> T.DataType | None:
         """The result type; None means "route to the variant column" (only for a top-level `column`)."""
         if _same(src, tgt) or fits(src, tgt):
             return tgt
-        if isinstance(src, StructType) and isinstance(tgt, StructType):
+        if isinstance(src, T.StructType) and isinstance(tgt, T.StructType):
             return self.merge_struct(f"{path}.", src, tgt)
-        if isinstance(src, ArrayType) and isinstance(tgt, ArrayType):
+        if isinstance(src, T.ArrayType) and isinstance(tgt, T.ArrayType):
             element = self._merge_type(f"{path}[]", src.elementType, tgt.elementType, None)
-            return ArrayType(_or(element, tgt.elementType), tgt.containsNull)
-        if isinstance(src, MapType) and isinstance(tgt, MapType) and _same(src.keyType, tgt.keyType):
+            return T.ArrayType(_or(element, tgt.elementType), tgt.containsNull)
+        if isinstance(src, T.MapType) and isinstance(tgt, T.MapType) and _same(src.keyType, tgt.keyType):
             values = self._merge_type(f"{path}{{}}", src.valueType, tgt.valueType, None)
-            return MapType(tgt.keyType, _or(values, tgt.valueType), tgt.valueContainsNull)
+            return T.MapType(tgt.keyType, _or(values, tgt.valueType), tgt.valueContainsNull)
         change = f"{tgt.simpleString()} -> {src.simpleString()}"
         if promotes(tgt, src):
             if not self.rules.forward:
@@ -260,7 +246,7 @@ class _Merger:
             return src
         return self._disallowed(path, src, tgt, column, f"incompatible type change {change}")
 
-    def _disallowed(self, path: str, src: DataType, tgt: DataType, column: StructField | None, why: str) -> DataType | None:
+    def _disallowed(self, path: str, src: T.DataType, tgt: T.DataType, column: T.StructField | None, why: str) -> T.DataType | None:
         if not self.route:
             self.act("breaking", path, why)
         elif column is None:
@@ -277,49 +263,49 @@ class _Merger:
 # --------------------------------------------------------------------------- type relations
 
 
-def _same(a: DataType, b: DataType) -> bool:
+def _same(a: T.DataType, b: T.DataType) -> bool:
     """Equal types, ignoring nullability and field metadata."""
     return _strip(a) == _strip(b)
 
 
-def _strip(dtype: DataType) -> DataType:
-    if isinstance(dtype, StructType):
-        return StructType([StructField(f.name, _strip(f.dataType), True) for f in dtype.fields])
-    if isinstance(dtype, ArrayType):
-        return ArrayType(_strip(dtype.elementType), True)
-    if isinstance(dtype, MapType):
-        return MapType(_strip(dtype.keyType), _strip(dtype.valueType), True)
+def _strip(dtype: T.DataType) -> T.DataType:
+    if isinstance(dtype, T.StructType):
+        return T.StructType([T.StructField(f.name, _strip(f.dataType), True) for f in dtype.fields])
+    if isinstance(dtype, T.ArrayType):
+        return T.ArrayType(_strip(dtype.elementType), True)
+    if isinstance(dtype, T.MapType):
+        return T.MapType(_strip(dtype.keyType), _strip(dtype.valueType), True)
     return dtype
 
 
-def promotes(narrow: DataType, wide: DataType) -> bool:
+def promotes(narrow: T.DataType, wide: T.DataType) -> bool:
     """Safe in-place promotion narrow -> wide (see the module docstring)."""
     if type(narrow) in _INT_RANK:
         if type(wide) in _INT_RANK:
             return _INT_RANK[type(wide)] > _INT_RANK[type(narrow)]
-        return isinstance(wide, DoubleType) and not isinstance(narrow, LongType)
-    if isinstance(narrow, FloatType):
-        return isinstance(wide, DoubleType)
-    if isinstance(narrow, DecimalType) and isinstance(wide, DecimalType):
+        return isinstance(wide, T.DoubleType) and not isinstance(narrow, T.LongType)
+    if isinstance(narrow, T.FloatType):
+        return isinstance(wide, T.DoubleType)
+    if isinstance(narrow, T.DecimalType) and isinstance(wide, T.DecimalType):
         return wide.scale == narrow.scale and wide.precision > narrow.precision
     return False
 
 
-def fits(value_type: DataType, column_type: DataType) -> bool:
+def fits(value_type: T.DataType, column_type: T.DataType) -> bool:
     """Every value of `value_type` converts exactly into `column_type` (no schema change needed)."""
-    if isinstance(value_type, NullType) or _same(value_type, column_type):
+    if isinstance(value_type, T.NullType) or _same(value_type, column_type):
         return True
     v, c = type(value_type), type(column_type)
     if v in _INT_RANK and c in _INT_RANK:
         return _INT_RANK[v] <= _INT_RANK[c]
-    if v in _INT_RANK and c is DoubleType:
-        return v is not LongType
-    if v in (ByteType, ShortType) and c is FloatType:
+    if v in _INT_RANK and c is T.DoubleType:
+        return v is not T.LongType
+    if v in (T.ByteType, T.ShortType) and c is T.FloatType:
         return True
-    if v is FloatType and c is DoubleType:
+    if v is T.FloatType and c is T.DoubleType:
         return True
-    if isinstance(column_type, DecimalType):
-        if isinstance(value_type, DecimalType):
+    if isinstance(column_type, T.DecimalType):
+        if isinstance(value_type, T.DecimalType):
             return (
                 column_type.scale >= value_type.scale
                 and column_type.precision - column_type.scale >= value_type.precision - value_type.scale
@@ -332,7 +318,7 @@ def fits(value_type: DataType, column_type: DataType) -> bool:
 # --------------------------------------------------------------------------- pairwise check
 
 
-def compatibility_issues(new: StructType, old: StructType, compatibility: str) -> list[str]:
+def compatibility_issues(new: T.StructType, old: T.StructType, compatibility: str) -> list[str]:
     """Why `new` is not `compatibility`-compatible with `old` ("path: reason"; empty when it is)."""
     rules = _Rules.of(compatibility)
     issues: list[str] = []
@@ -343,10 +329,10 @@ def compatibility_issues(new: StructType, old: StructType, compatibility: str) -
     return issues
 
 
-def _read_issues(reader: DataType, writer: DataType, path: str, why: str) -> list[str]:
-    if isinstance(writer, NullType):
+def _read_issues(reader: T.DataType, writer: T.DataType, path: str, why: str) -> list[str]:
+    if isinstance(writer, T.NullType):
         return []
-    if isinstance(reader, StructType) and isinstance(writer, StructType):
+    if isinstance(reader, T.StructType) and isinstance(writer, T.StructType):
         written = {f.name: f for f in writer.fields}
         issues: list[str] = []
         for f in reader.fields:
@@ -360,9 +346,9 @@ def _read_issues(reader: DataType, writer: DataType, path: str, why: str) -> lis
                 issues.append(f"{child}: {why} (nullable written, required read)")
             issues += _read_issues(f.dataType, w.dataType, child, why)
         return issues
-    if isinstance(reader, ArrayType) and isinstance(writer, ArrayType):
+    if isinstance(reader, T.ArrayType) and isinstance(writer, T.ArrayType):
         return _read_issues(reader.elementType, writer.elementType, f"{path}[]", why)
-    if isinstance(reader, MapType) and isinstance(writer, MapType) and _same(reader.keyType, writer.keyType):
+    if isinstance(reader, T.MapType) and isinstance(writer, T.MapType) and _same(reader.keyType, writer.keyType):
         return _read_issues(reader.valueType, writer.valueType, f"{path}{{}}", why)
     if _same(reader, writer) or promotes(writer, reader):
         return []

@@ -12,17 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql.types import (
-    ArrayType,
-    BooleanType,
-    DataType,
-    DoubleType,
-    LongType,
-    NullType,
-    StringType,
-    StructField,
-    StructType,
-)
+from pyspark.sql import types as T
 
 
 @dataclass
@@ -34,67 +24,67 @@ class FieldStats:
     types: dict[str, int] = field(default_factory=dict)
 
 
-def infer_type(value: Any) -> DataType:
+def infer_type(value: Any) -> T.DataType:
     if value is None:
-        return NullType()
+        return T.NullType()
     if isinstance(value, bool):
-        return BooleanType()
+        return T.BooleanType()
     if isinstance(value, int):
-        return LongType()
+        return T.LongType()
     if isinstance(value, float):
-        return DoubleType()
+        return T.DoubleType()
     if isinstance(value, str):
-        return StringType()
+        return T.StringType()
     if isinstance(value, dict):
-        return StructType([StructField(str(k), infer_type(v), True) for k, v in value.items()])
+        return T.StructType([T.StructField(str(k), infer_type(v), True) for k, v in value.items()])
     if isinstance(value, list):
-        element: DataType = NullType()
+        element: T.DataType = T.NullType()
         for item in value:
             element = merge_types(element, infer_type(item))
-        return ArrayType(element, True)
-    return StringType()
+        return T.ArrayType(element, True)
+    return T.StringType()
 
 
-def merge_types(a: DataType, b: DataType) -> DataType:
-    if isinstance(a, NullType):
+def merge_types(a: T.DataType, b: T.DataType) -> T.DataType:
+    if isinstance(a, T.NullType):
         return b
-    if isinstance(b, NullType) or a == b:
+    if isinstance(b, T.NullType) or a == b:
         return a
-    if {type(a), type(b)} == {LongType, DoubleType}:
-        return DoubleType()
-    if isinstance(a, StructType) and isinstance(b, StructType):
+    if {type(a), type(b)} == {T.LongType, T.DoubleType}:
+        return T.DoubleType()
+    if isinstance(a, T.StructType) and isinstance(b, T.StructType):
         return merge_structs(a, b)
-    if isinstance(a, ArrayType) and isinstance(b, ArrayType):
-        return ArrayType(merge_types(a.elementType, b.elementType), True)
-    return StringType()
+    if isinstance(a, T.ArrayType) and isinstance(b, T.ArrayType):
+        return T.ArrayType(merge_types(a.elementType, b.elementType), True)
+    return T.StringType()
 
 
-def merge_structs(a: StructType, b: StructType) -> StructType:
+def merge_structs(a: T.StructType, b: T.StructType) -> T.StructType:
     fields = {f.name: f.dataType for f in a.fields}
     for f in b.fields:
         fields[f.name] = merge_types(fields[f.name], f.dataType) if f.name in fields else f.dataType
-    return StructType([StructField(name, dtype, True) for name, dtype in fields.items()])
+    return T.StructType([T.StructField(name, dtype, True) for name, dtype in fields.items()])
 
 
-def finalize(dtype: DataType) -> DataType:
+def finalize(dtype: T.DataType) -> T.DataType:
     """Replace types never seen with a value (NullType) by string."""
-    if isinstance(dtype, NullType):
-        return StringType()
-    if isinstance(dtype, StructType):
-        return StructType([StructField(f.name, finalize(f.dataType), True) for f in dtype.fields])
-    if isinstance(dtype, ArrayType):
-        return ArrayType(finalize(dtype.elementType), True)
+    if isinstance(dtype, T.NullType):
+        return T.StringType()
+    if isinstance(dtype, T.StructType):
+        return T.StructType([T.StructField(f.name, finalize(f.dataType), True) for f in dtype.fields])
+    if isinstance(dtype, T.ArrayType):
+        return T.ArrayType(finalize(dtype.elementType), True)
     return dtype
 
 
-def infer_schema(rows: Iterable[dict[str, Any]]) -> StructType:
-    schema = StructType([])
+def infer_schema(rows: Iterable[dict[str, Any]]) -> T.StructType:
+    schema = T.StructType([])
     for row in rows:
         inferred = infer_type(row)
-        if isinstance(inferred, StructType):
+        if isinstance(inferred, T.StructType):
             schema = merge_structs(schema, inferred)
     result = finalize(schema)
-    assert isinstance(result, StructType)
+    assert isinstance(result, T.StructType)
     return result
 
 

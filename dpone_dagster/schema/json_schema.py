@@ -31,27 +31,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    BooleanType,
-    ByteType,
-    DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    MapType,
-    NullType,
-    ShortType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampNTZType,
-    TimestampType,
-)
+from pyspark.sql import types as T
 
 from dpone_dagster.errors import ConfigError
 from dpone_dagster.schema.values import DEFAULT_KEY, to_spark_value
@@ -59,27 +39,27 @@ from dpone_dagster.schema.values import DEFAULT_KEY, to_spark_value
 DRAFT_07 = "http://json-schema.org/draft-07/schema#"
 TYPE_TAG = "x-dpone-type"
 _DECIMAL_PATTERN = r"^-?[0-9]+(\.[0-9]+)?$"
-_TAGGED: dict[str, DataType] = {
-    "byte": ByteType(),
-    "short": ShortType(),
-    "int": IntegerType(),
-    "float": FloatType(),
-    "timestamp_ntz": TimestampNTZType(),
+_TAGGED: dict[str, T.DataType] = {
+    "byte": T.ByteType(),
+    "short": T.ShortType(),
+    "int": T.IntegerType(),
+    "float": T.FloatType(),
+    "timestamp_ntz": T.TimestampNTZType(),
 }
-_INT_TAGS: dict[type, str] = {ByteType: "byte", ShortType: "short", IntegerType: "int"}
+_INT_TAGS: dict[type, str] = {T.ByteType: "byte", T.ShortType: "short", T.IntegerType: "int"}
 _DECIMAL_TAG = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
 
 
 # --------------------------------------------------------------------------- Spark -> JSON Schema
 
 
-def spark_to_json_schema(schema: StructType, title: str) -> dict[str, Any]:
+def spark_to_json_schema(schema: T.StructType, title: str) -> dict[str, Any]:
     """A draft-07 object schema for a Spark struct; `title` is the record name subject strategies use."""
     body = _object(schema)
     return {"$schema": DRAFT_07, "title": title, **body}
 
 
-def _object(struct: StructType) -> dict[str, Any]:
+def _object(struct: T.StructType) -> dict[str, Any]:
     properties = {f.name: _field(f) for f in struct.fields}
     required = [f.name for f in struct.fields if not f.nullable]
     out: dict[str, Any] = {"type": "object", "properties": properties}
@@ -88,7 +68,7 @@ def _object(struct: StructType) -> dict[str, Any]:
     return out
 
 
-def _field(field: StructField) -> dict[str, Any]:
+def _field(field: T.StructField) -> dict[str, Any]:
     node = _with_null(_to_json(field.dataType), field.nullable)
     default = field.metadata.get(DEFAULT_KEY)
     if default is not None:
@@ -102,37 +82,37 @@ def _with_null(node: dict[str, Any], nullable: bool) -> dict[str, Any]:
     return {**node, "type": [node["type"], "null"]}
 
 
-def _to_json(dtype: DataType) -> dict[str, Any]:
-    if isinstance(dtype, BooleanType):
+def _to_json(dtype: T.DataType) -> dict[str, Any]:
+    if isinstance(dtype, T.BooleanType):
         return {"type": "boolean"}
-    if isinstance(dtype, LongType):
+    if isinstance(dtype, T.LongType):
         return {"type": "integer"}
-    if isinstance(dtype, ByteType | ShortType | IntegerType):
+    if isinstance(dtype, T.ByteType | T.ShortType | T.IntegerType):
         return {"type": "integer", TYPE_TAG: _INT_TAGS[type(dtype)]}
-    if isinstance(dtype, DoubleType):
+    if isinstance(dtype, T.DoubleType):
         return {"type": "number"}
-    if isinstance(dtype, FloatType):
+    if isinstance(dtype, T.FloatType):
         return {"type": "number", TYPE_TAG: "float"}
-    if isinstance(dtype, DecimalType):
+    if isinstance(dtype, T.DecimalType):
         return {"type": "string", "pattern": _DECIMAL_PATTERN, TYPE_TAG: f"decimal({dtype.precision},{dtype.scale})"}
-    if isinstance(dtype, StringType):
+    if isinstance(dtype, T.StringType):
         return {"type": "string"}
-    if isinstance(dtype, BinaryType):
+    if isinstance(dtype, T.BinaryType):
         return {"type": "string", "contentEncoding": "base64"}
-    if isinstance(dtype, DateType):
+    if isinstance(dtype, T.DateType):
         return {"type": "string", "format": "date"}
-    if isinstance(dtype, TimestampType):
+    if isinstance(dtype, T.TimestampType):
         return {"type": "string", "format": "date-time"}
-    if isinstance(dtype, TimestampNTZType):
+    if isinstance(dtype, T.TimestampNTZType):
         return {"type": "string", TYPE_TAG: "timestamp_ntz"}
-    if isinstance(dtype, NullType):
+    if isinstance(dtype, T.NullType):
         return {"type": "null"}
-    if isinstance(dtype, StructType):
+    if isinstance(dtype, T.StructType):
         return _object(dtype)
-    if isinstance(dtype, ArrayType):
+    if isinstance(dtype, T.ArrayType):
         return {"type": "array", "items": _with_null(_to_json(dtype.elementType), dtype.containsNull)}
-    if isinstance(dtype, MapType):
-        if not isinstance(dtype.keyType, StringType):
+    if isinstance(dtype, T.MapType):
+        if not isinstance(dtype.keyType, T.StringType):
             raise ConfigError(f"JSON object keys are strings; cast the {dtype.keyType.simpleString()} map keys to string")
         return {"type": "object", "additionalProperties": _with_null(_to_json(dtype.valueType), dtype.valueContainsNull)}
     raise ConfigError(f"Spark type {dtype.simpleString()} has no JSON Schema mapping")
@@ -141,11 +121,11 @@ def _to_json(dtype: DataType) -> dict[str, Any]:
 # --------------------------------------------------------------------------- JSON Schema -> Spark
 
 
-def json_schema_to_spark(schema: Mapping[str, Any] | str) -> StructType:
+def json_schema_to_spark(schema: Mapping[str, Any] | str) -> T.StructType:
     """The Spark struct of an object JSON Schema (JSON text or parsed)."""
     root = json.loads(schema) if isinstance(schema, str) else schema
     dtype, _ = _JsonReader(root).read(root)
-    if not isinstance(dtype, StructType):
+    if not isinstance(dtype, T.StructType):
         raise ConfigError("the JSON Schema must describe an object with properties at the top level")
     return dtype
 
@@ -161,12 +141,12 @@ class _JsonReader:
         self.root = root
         self.in_progress: set[str] = set()
 
-    def read(self, node: Any) -> tuple[DataType, bool]:
+    def read(self, node: Any) -> tuple[T.DataType, bool]:
         """(Spark type, nullable) of a schema node."""
         if node is True or node == {}:
-            return StringType(), True
+            return T.StringType(), True
         if not isinstance(node, Mapping):
-            return StringType(), True
+            return T.StringType(), True
         if "$ref" in node:
             return self._ref(str(node["$ref"]))
         if TYPE_TAG in node:
@@ -177,7 +157,7 @@ class _JsonReader:
         if "allOf" in node and len(node["allOf"]) == 1:
             return self.read(node["allOf"][0])
         if "enum" in node or "const" in node:
-            return StringType(), None in node.get("enum", [node.get("const", "")])
+            return T.StringType(), None in node.get("enum", [node.get("const", "")])
         types = node.get("type")
         if types is None:
             types = ["object"] if "properties" in node else []
@@ -185,35 +165,35 @@ class _JsonReader:
         nullable = "null" in type_list
         rest = [t for t in type_list if t != "null"]
         if not rest:
-            return (NullType() if nullable else StringType()), True
+            return (T.NullType() if nullable else T.StringType()), True
         if set(rest) == {"integer", "number"}:
-            return DoubleType(), nullable
+            return T.DoubleType(), nullable
         if len(rest) > 1:
-            return StringType(), nullable
+            return T.StringType(), nullable
         return self._single(rest[0], node), nullable
 
-    def _single(self, kind: str, node: Mapping[str, Any]) -> DataType:
+    def _single(self, kind: str, node: Mapping[str, Any]) -> T.DataType:
         if kind == "object":
             return self._object(node)
         if kind == "array":
             items = node.get("items")
             if isinstance(items, Mapping):
                 element, element_null = self.read(items)
-                return ArrayType(element, element_null)
-            return ArrayType(StringType(), True)
+                return T.ArrayType(element, element_null)
+            return T.ArrayType(T.StringType(), True)
         if kind == "string":
             fmt = node.get("format")
             if fmt == "date-time":
-                return TimestampType()
+                return T.TimestampType()
             if fmt == "date":
-                return DateType()
+                return T.DateType()
             if node.get("contentEncoding") == "base64":
-                return BinaryType()
-            return StringType()
-        simple = {"integer": LongType(), "number": DoubleType(), "boolean": BooleanType()}
-        return simple.get(kind, StringType())
+                return T.BinaryType()
+            return T.StringType()
+        simple = {"integer": T.LongType(), "number": T.DoubleType(), "boolean": T.BooleanType()}
+        return simple.get(kind, T.StringType())
 
-    def _object(self, node: Mapping[str, Any]) -> DataType:
+    def _object(self, node: Mapping[str, Any]) -> T.DataType:
         properties = node.get("properties")
         if isinstance(properties, Mapping):
             required = set(node.get("required", []))
@@ -222,34 +202,34 @@ class _JsonReader:
                 dtype, nullable = self.read(child)
                 default = child.get("default") if isinstance(child, Mapping) else None
                 metadata = {DEFAULT_KEY: default} if default is not None else {}
-                fields.append(StructField(str(name), dtype, nullable or name not in required, metadata))
-            return StructType(fields)
+                fields.append(T.StructField(str(name), dtype, nullable or name not in required, metadata))
+            return T.StructType(fields)
         extra = node.get("additionalProperties")
         if isinstance(extra, Mapping) and extra:
             values, values_null = self.read(extra)
-            return MapType(StringType(), values, values_null)
-        return StringType()  # an open object without declared shape: keep it as JSON text
+            return T.MapType(T.StringType(), values, values_null)
+        return T.StringType()  # an open object without declared shape: keep it as JSON text
 
-    def _tagged(self, node: Mapping[str, Any]) -> tuple[DataType, bool]:
+    def _tagged(self, node: Mapping[str, Any]) -> tuple[T.DataType, bool]:
         tag = str(node[TYPE_TAG])
         types = node.get("type", [])
         nullable = "null" in ([types] if isinstance(types, str) else types)
         match = _DECIMAL_TAG.match(tag)
         if match:
-            return DecimalType(int(match.group(1)), int(match.group(2))), nullable
+            return T.DecimalType(int(match.group(1)), int(match.group(2))), nullable
         if tag in _TAGGED:
             return _TAGGED[tag], nullable
         raise ConfigError(f"unknown {TYPE_TAG} {tag!r} in the JSON Schema")
 
-    def _union(self, branches: list[Any]) -> tuple[DataType, bool]:
+    def _union(self, branches: list[Any]) -> tuple[T.DataType, bool]:
         non_null = [b for b in branches if not (isinstance(b, Mapping) and b.get("type") == "null")]
         nullable = len(non_null) < len(branches)
         if len(non_null) == 1:
             dtype, inner = self.read(non_null[0])
             return dtype, nullable or inner
-        return StringType(), nullable
+        return T.StringType(), nullable
 
-    def _ref(self, ref: str) -> tuple[DataType, bool]:
+    def _ref(self, ref: str) -> tuple[T.DataType, bool]:
         if not ref.startswith("#"):
             raise ConfigError(f"JSON Schema $ref {ref!r}: only local references (#/...) are supported")
         if ref in self.in_progress:
@@ -267,15 +247,15 @@ class _JsonReader:
 # --------------------------------------------------------------------------- values
 
 
-def to_json_value(row: Any, schema: StructType) -> dict[str, Any]:
+def to_json_value(row: Any, schema: T.StructType) -> dict[str, Any]:
     """A row (Arrow `to_pylist` form) as a JSON-ready object following the mapping above."""
     return _json(row, schema)  # type: ignore[return-value]
 
 
-def _json(value: Any, dtype: DataType) -> Any:
+def _json(value: Any, dtype: T.DataType) -> Any:
     if value is None:
         return None
-    if isinstance(dtype, StructType):
+    if isinstance(dtype, T.StructType):
         out = {}
         for field in dtype.fields:
             item = _json(value.get(field.name), field.dataType)
@@ -283,23 +263,23 @@ def _json(value: Any, dtype: DataType) -> Any:
                 continue  # absent: the reader applies the default
             out[field.name] = item
         return out
-    if isinstance(dtype, ArrayType):
+    if isinstance(dtype, T.ArrayType):
         return [_json(v, dtype.elementType) for v in value]
-    if isinstance(dtype, MapType):
+    if isinstance(dtype, T.MapType):
         pairs = value.items() if isinstance(value, Mapping) else value
         return {str(k): _json(v, dtype.valueType) for k, v in pairs}
-    if isinstance(dtype, DecimalType):
+    if isinstance(dtype, T.DecimalType):
         return format(Decimal(value), "f")
-    if isinstance(dtype, TimestampType):
+    if isinstance(dtype, T.TimestampType):
         instant = value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
         return instant.isoformat(timespec="microseconds").replace("+00:00", "Z")
-    if isinstance(dtype, TimestampNTZType):
+    if isinstance(dtype, T.TimestampNTZType):
         return value.replace(tzinfo=None).isoformat(timespec="microseconds")
-    if isinstance(dtype, DateType):
+    if isinstance(dtype, T.DateType):
         return (value.date() if isinstance(value, datetime) else value).isoformat()
-    if isinstance(dtype, BinaryType):
+    if isinstance(dtype, T.BinaryType):
         return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(dtype, FloatType | DoubleType) and not math.isfinite(value):
+    if isinstance(dtype, T.FloatType | T.DoubleType) and not math.isfinite(value):
         raise ValueError(f"{dtype.simpleString()} value {value} has no JSON representation")
     return value
 
@@ -313,6 +293,6 @@ def decode_json(payload: bytes) -> Any:
     return json.loads(payload, parse_float=Decimal)
 
 
-def from_json_value(obj: Any, schema: StructType) -> dict[str, Any]:
+def from_json_value(obj: Any, schema: T.StructType) -> dict[str, Any]:
     """A decoded JSON object as a row for `schema` (see `values.to_spark_value`)."""
     return to_spark_value(obj, schema)

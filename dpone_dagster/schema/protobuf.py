@@ -35,59 +35,43 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor, FileDescript
 from google.protobuf.descriptor_pool import DescriptorPool
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    BooleanType,
-    DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    MapType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
+from pyspark.sql import types as T
 
 from dpone_dagster.errors import ConfigError
 from dpone_dagster.schema.registry import ReferencedFile
 from dpone_dagster.schema.values import to_spark_value
 
 _FD = FieldDescriptor
-_SCALARS: dict[int, DataType] = {
-    _FD.TYPE_INT32: IntegerType(),
-    _FD.TYPE_SINT32: IntegerType(),
-    _FD.TYPE_SFIXED32: IntegerType(),
-    _FD.TYPE_INT64: LongType(),
-    _FD.TYPE_SINT64: LongType(),
-    _FD.TYPE_SFIXED64: LongType(),
-    _FD.TYPE_UINT32: LongType(),
-    _FD.TYPE_FIXED32: LongType(),
-    _FD.TYPE_UINT64: DecimalType(20, 0),
-    _FD.TYPE_FIXED64: DecimalType(20, 0),
-    _FD.TYPE_FLOAT: FloatType(),
-    _FD.TYPE_DOUBLE: DoubleType(),
-    _FD.TYPE_BOOL: BooleanType(),
-    _FD.TYPE_STRING: StringType(),
-    _FD.TYPE_BYTES: BinaryType(),
-    _FD.TYPE_ENUM: StringType(),
+_SCALARS: dict[int, T.DataType] = {
+    _FD.TYPE_INT32: T.IntegerType(),
+    _FD.TYPE_SINT32: T.IntegerType(),
+    _FD.TYPE_SFIXED32: T.IntegerType(),
+    _FD.TYPE_INT64: T.LongType(),
+    _FD.TYPE_SINT64: T.LongType(),
+    _FD.TYPE_SFIXED64: T.LongType(),
+    _FD.TYPE_UINT32: T.LongType(),
+    _FD.TYPE_FIXED32: T.LongType(),
+    _FD.TYPE_UINT64: T.DecimalType(20, 0),
+    _FD.TYPE_FIXED64: T.DecimalType(20, 0),
+    _FD.TYPE_FLOAT: T.FloatType(),
+    _FD.TYPE_DOUBLE: T.DoubleType(),
+    _FD.TYPE_BOOL: T.BooleanType(),
+    _FD.TYPE_STRING: T.StringType(),
+    _FD.TYPE_BYTES: T.BinaryType(),
+    _FD.TYPE_ENUM: T.StringType(),
 }
 TIMESTAMP = "google.protobuf.Timestamp"
 DATE = "google.type.Date"
-_WRAPPERS: dict[str, DataType] = {
-    "google.protobuf.DoubleValue": DoubleType(),
-    "google.protobuf.FloatValue": FloatType(),
-    "google.protobuf.Int64Value": LongType(),
-    "google.protobuf.UInt64Value": DecimalType(20, 0),
-    "google.protobuf.Int32Value": IntegerType(),
-    "google.protobuf.UInt32Value": LongType(),
-    "google.protobuf.BoolValue": BooleanType(),
-    "google.protobuf.StringValue": StringType(),
-    "google.protobuf.BytesValue": BinaryType(),
+_WRAPPERS: dict[str, T.DataType] = {
+    "google.protobuf.DoubleValue": T.DoubleType(),
+    "google.protobuf.FloatValue": T.FloatType(),
+    "google.protobuf.Int64Value": T.LongType(),
+    "google.protobuf.UInt64Value": T.DecimalType(20, 0),
+    "google.protobuf.Int32Value": T.IntegerType(),
+    "google.protobuf.UInt32Value": T.LongType(),
+    "google.protobuf.BoolValue": T.BooleanType(),
+    "google.protobuf.StringValue": T.StringType(),
+    "google.protobuf.BytesValue": T.BinaryType(),
 }
 
 
@@ -246,7 +230,7 @@ def _full_name(file: descriptor_pb2.FileDescriptorProto, indexes: Sequence[int])
 # --------------------------------------------------------------------------- Spark schema
 
 
-def message_to_spark(message: type[Message] | Descriptor) -> StructType:
+def message_to_spark(message: type[Message] | Descriptor) -> T.StructType:
     """The Spark struct of a message (see the module docstring for the mapping)."""
     return _struct(_descriptor(message), ())
 
@@ -260,7 +244,7 @@ def _is_map(field: FieldDescriptor) -> bool:
     return _is_repeated(field) and field.message_type is not None and field.message_type.GetOptions().map_entry
 
 
-def _struct(descriptor: Descriptor, stack: tuple[str, ...]) -> StructType:
+def _struct(descriptor: Descriptor, stack: tuple[str, ...]) -> T.StructType:
     if descriptor.full_name in stack:
         raise ConfigError(f"recursive protobuf message {descriptor.full_name} cannot be mapped to a Spark schema")
     inner = (*stack, descriptor.full_name)
@@ -269,23 +253,23 @@ def _struct(descriptor: Descriptor, stack: tuple[str, ...]) -> StructType:
         if _is_map(field):
             entry = field.message_type
             key, value = entry.fields_by_name["key"], entry.fields_by_name["value"]
-            dtype: DataType = MapType(_single_type(key, inner), _single_type(value, inner), False)
+            dtype: T.DataType = T.MapType(_single_type(key, inner), _single_type(value, inner), False)
             nullable = False
         elif _is_repeated(field):
-            dtype, nullable = ArrayType(_single_type(field, inner), False), False
+            dtype, nullable = T.ArrayType(_single_type(field, inner), False), False
         else:
             dtype, nullable = _single_type(field, inner), field.has_presence
-        fields.append(StructField(field.name, dtype, nullable))
-    return StructType(fields)
+        fields.append(T.StructField(field.name, dtype, nullable))
+    return T.StructType(fields)
 
 
-def _single_type(field: FieldDescriptor, stack: tuple[str, ...]) -> DataType:
+def _single_type(field: FieldDescriptor, stack: tuple[str, ...]) -> T.DataType:
     if field.type in (_FD.TYPE_MESSAGE, _FD.TYPE_GROUP):
         name = field.message_type.full_name
         if name == TIMESTAMP:
-            return TimestampType()
+            return T.TimestampType()
         if name == DATE:
-            return DateType()
+            return T.DateType()
         if name in _WRAPPERS:
             return _WRAPPERS[name]
         return _struct(field.message_type, stack)
@@ -295,7 +279,7 @@ def _single_type(field: FieldDescriptor, stack: tuple[str, ...]) -> DataType:
 # --------------------------------------------------------------------------- values
 
 
-def message_to_row(message: Message, schema: StructType) -> dict[str, Any]:
+def message_to_row(message: Message, schema: T.StructType) -> dict[str, Any]:
     """A decoded message as a row for `schema` (fields projected by name)."""
     return to_spark_value(_message_values(message), schema)
 

@@ -12,32 +12,13 @@ from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from typing import Any
 from uuid import UUID
 
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    BooleanType,
-    ByteType,
-    DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    MapType,
-    NullType,
-    ShortType,
-    StringType,
-    StructType,
-    TimestampNTZType,
-    TimestampType,
-)
+from pyspark.sql import types as T
 
 # StructField metadata key carrying a non-null field default read from a registered schema.
 DEFAULT_KEY = "dpone.default"
 
 
-def to_spark_value(value: Any, dtype: DataType, path: str = "", enforce_nullability: bool = False) -> Any:
+def to_spark_value(value: Any, dtype: T.DataType, path: str = "", enforce_nullability: bool = False) -> Any:
     """Convert a decoded Python value into what Arrow expects for `dtype` (raises ValueError).
 
     Shared by all registry formats: structs project by field name (missing -> null, extra keys
@@ -48,7 +29,7 @@ def to_spark_value(value: Any, dtype: DataType, path: str = "", enforce_nullabil
     """
     if value is None:
         return None
-    if isinstance(dtype, StructType):
+    if isinstance(dtype, T.StructType):
         if not isinstance(value, Mapping):
             raise ValueError(f"{path or 'value'}: expected an object, got {type(value).__name__}")
         out = {}
@@ -59,14 +40,14 @@ def to_spark_value(value: Any, dtype: DataType, path: str = "", enforce_nullabil
                 raise ValueError(f"{child}: null in a field the schema requires")
             out[field.name] = converted
         return out
-    if isinstance(dtype, ArrayType):
+    if isinstance(dtype, T.ArrayType):
         if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
             raise ValueError(f"{path}: expected an array, got {type(value).__name__}")
         items = [to_spark_value(v, dtype.elementType, f"{path}[]", enforce_nullability) for v in value]
         if enforce_nullability and not dtype.containsNull and any(v is None for v in items):
             raise ValueError(f"{path}: null element in an array that does not allow nulls")
         return items
-    if isinstance(dtype, MapType):
+    if isinstance(dtype, T.MapType):
         pairs = value.items() if isinstance(value, Mapping) else value
         out_pairs = []
         for pair in pairs:
@@ -89,10 +70,10 @@ def to_spark_value(value: Any, dtype: DataType, path: str = "", enforce_nullabil
 
 
 _DECIMAL_CONTEXT = Context(prec=80)
-_INT_BITS = {ByteType: 8, ShortType: 16, IntegerType: 32, LongType: 64}
+_INT_BITS = {T.ByteType: 8, T.ShortType: 16, T.IntegerType: 32, T.LongType: 64}
 
 
-def _integral(value: Any, dtype: DataType) -> int:
+def _integral(value: Any, dtype: T.DataType) -> int:
     if isinstance(value, bool):
         raise TypeError("expected an integer, got a boolean")
     if isinstance(value, float | Decimal):
@@ -107,19 +88,19 @@ def _integral(value: Any, dtype: DataType) -> int:
     return value
 
 
-def _floating(value: Any, dtype: DataType) -> float:
+def _floating(value: Any, dtype: T.DataType) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
         raise TypeError(f"expected a number, got {type(value).__name__}")
     return float(value)
 
 
-def _boolean(value: Any, dtype: DataType) -> bool:
+def _boolean(value: Any, dtype: T.DataType) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"expected a boolean, got {type(value).__name__}")
     return value
 
 
-def _decimal(value: Any, dtype: DecimalType) -> Decimal:
+def _decimal(value: Any, dtype: T.DecimalType) -> Decimal:
     if isinstance(value, bool):
         raise TypeError("expected a decimal, got a boolean")
     if isinstance(value, float):
@@ -136,7 +117,7 @@ def _decimal(value: Any, dtype: DecimalType) -> Decimal:
     return quantized
 
 
-def _string(value: Any, dtype: DataType) -> str:
+def _string(value: Any, dtype: T.DataType) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, bool):
@@ -153,7 +134,7 @@ def _string(value: Any, dtype: DataType) -> str:
     raise TypeError(f"expected a string, got {type(value).__name__}")
 
 
-def _binary(value: Any, dtype: DataType) -> bytes:
+def _binary(value: Any, dtype: T.DataType) -> bytes:
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     if isinstance(value, str):
@@ -165,7 +146,7 @@ def _parse_datetime(text: str) -> datetime:
     return datetime.fromisoformat(text.strip())
 
 
-def _timestamp(value: Any, dtype: DataType) -> datetime:
+def _timestamp(value: Any, dtype: T.DataType) -> datetime:
     if isinstance(value, str):
         value = _parse_datetime(value)
     if isinstance(value, datetime):
@@ -176,7 +157,7 @@ def _timestamp(value: Any, dtype: DataType) -> datetime:
     raise TypeError(f"expected a timestamp, got {type(value).__name__}")
 
 
-def _timestamp_ntz(value: Any, dtype: DataType) -> datetime:
+def _timestamp_ntz(value: Any, dtype: T.DataType) -> datetime:
     if isinstance(value, str):
         value = _parse_datetime(value)
     if isinstance(value, datetime):
@@ -186,7 +167,7 @@ def _timestamp_ntz(value: Any, dtype: DataType) -> datetime:
     raise TypeError(f"expected a local timestamp, got {type(value).__name__}")
 
 
-def _date(value: Any, dtype: DataType) -> date:
+def _date(value: Any, dtype: T.DataType) -> date:
     if isinstance(value, datetime):
         return (value.astimezone(UTC) if value.tzinfo else value).date()
     if isinstance(value, date):
@@ -199,18 +180,18 @@ def _date(value: Any, dtype: DataType) -> date:
 
 
 _SCALARS: dict[type, Any] = {
-    ByteType: _integral,
-    ShortType: _integral,
-    IntegerType: _integral,
-    LongType: _integral,
-    FloatType: _floating,
-    DoubleType: _floating,
-    BooleanType: _boolean,
-    DecimalType: _decimal,
-    StringType: _string,
-    BinaryType: _binary,
-    TimestampType: _timestamp,
-    TimestampNTZType: _timestamp_ntz,
-    DateType: _date,
-    NullType: lambda value, dtype: None,
+    T.ByteType: _integral,
+    T.ShortType: _integral,
+    T.IntegerType: _integral,
+    T.LongType: _integral,
+    T.FloatType: _floating,
+    T.DoubleType: _floating,
+    T.BooleanType: _boolean,
+    T.DecimalType: _decimal,
+    T.StringType: _string,
+    T.BinaryType: _binary,
+    T.TimestampType: _timestamp,
+    T.TimestampNTZType: _timestamp_ntz,
+    T.DateType: _date,
+    T.NullType: lambda value, dtype: None,
 }

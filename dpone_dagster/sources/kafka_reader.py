@@ -16,16 +16,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    BooleanType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
+from pyspark.sql import types as T
 
 from dpone_dagster import columns as C
 from dpone_dagster.kafka.boundary import ReadTask, pack_tasks
@@ -33,15 +24,15 @@ from dpone_dagster.kafka.config import range_reader_config
 from dpone_dagster.spark import arrow_json
 from dpone_dagster.spark.slots import local_task_slots
 
-RAW_SCHEMA = StructType(
+RAW_SCHEMA = T.StructType(
     [
-        StructField("topic", StringType()),
-        StructField("partition", IntegerType()),
-        StructField("offset", LongType()),
-        StructField("timestamp", LongType()),
-        StructField("key", BinaryType()),
-        StructField("value", BinaryType()),
-        StructField("headers", ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))),
+        T.StructField("topic", T.StringType()),
+        T.StructField("partition", T.IntegerType()),
+        T.StructField("offset", T.LongType()),
+        T.StructField("timestamp", T.LongType()),
+        T.StructField("key", T.BinaryType()),
+        T.StructField("value", T.BinaryType()),
+        T.StructField("headers", T.ArrayType(T.StructType([T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())]))),
     ]
 )
 
@@ -75,7 +66,7 @@ class ReaderSettings:
     consumer_overrides: tuple[tuple[str, Any], ...] = ()
 
 
-def read_ranges(spark: SparkSession, tasks: list[ReadTask], settings: ReaderSettings, json_schema: StructType | None = None) -> DataFrame:
+def read_ranges(spark: SparkSession, tasks: list[ReadTask], settings: ReaderSettings, json_schema: T.StructType | None = None) -> DataFrame:
     """A DataFrame of raw records for every task; one Spark partition per task (in local mode per
     task slot, `pack_tasks`).
 
@@ -86,7 +77,7 @@ def read_ranges(spark: SparkSession, tasks: list[ReadTask], settings: ReaderSett
     return raw_records(read_records(spark, tasks, settings, json_schema), tasks)
 
 
-def read_records(spark: SparkSession, tasks: list[ReadTask], settings: ReaderSettings, json_schema: StructType | None = None) -> DataFrame:
+def read_records(spark: SparkSession, tasks: list[ReadTask], settings: ReaderSettings, json_schema: T.StructType | None = None) -> DataFrame:
     """What the read tasks yield: the frame of `read_ranges` without its topic column when every
     task reads one topic (`raw_records` adds it). Keeping this frame keeps the batch as the
     tasks handed it over."""
@@ -97,12 +88,12 @@ def read_records(spark: SparkSession, tasks: list[ReadTask], settings: ReaderSet
     if json_schema is not None:
         decode_schema = arrow_json.arrow_schema(json_schema)
         if decode_schema is not None:
-            decoded = [StructField(json_column(i), f.dataType, True) for i, f in enumerate(json_schema.fields)]
-            output = StructType([*RAW_SCHEMA.fields, *decoded, StructField(JSON_OK, BooleanType(), False)])
+            decoded = [T.StructField(json_column(i), f.dataType, True) for i, f in enumerate(json_schema.fields)]
+            output = T.StructType([*RAW_SCHEMA.fields, *decoded, T.StructField(JSON_OK, T.BooleanType(), False)])
     # One topic (the usual read) is added on Spark's side instead of travelling with every record.
     topic = _single_topic(tasks)
     if topic is not None:
-        output = StructType(output.fields[1:])
+        output = T.StructType(output.fields[1:])
 
     # One Spark task per slice, or per task slot in local mode (slices read one after another).
     groups = [[specs[i] for i in group] for group in pack_tasks(tasks, local_task_slots(spark))]

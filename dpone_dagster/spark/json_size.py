@@ -15,73 +15,54 @@ from __future__ import annotations
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    BooleanType,
-    ByteType,
-    DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    MapType,
-    NullType,
-    ShortType,
-    StringType,
-    StructType,
-    TimestampNTZType,
-    TimestampType,
-)
+from pyspark.sql import types as T
 
 NULL = 4  # `null`
 # Longest text of fixed-size values, quotes included: Long.MIN_VALUE is 20 characters, a double
 # at most 24 (`-1.2345678901234567E-308`); dates and timestamps allow years past 9999.
 _FIXED: dict[type, int] = {
-    BooleanType: 5,
-    ByteType: 20,
-    ShortType: 20,
-    IntegerType: 20,
-    LongType: 20,
-    FloatType: 26,
-    DoubleType: 26,
-    DateType: 24,
-    TimestampType: 48,
-    TimestampNTZType: 48,
-    NullType: NULL,
+    T.BooleanType: 5,
+    T.ByteType: 20,
+    T.ShortType: 20,
+    T.IntegerType: 20,
+    T.LongType: 20,
+    T.FloatType: 26,
+    T.DoubleType: 26,
+    T.DateType: 24,
+    T.TimestampType: 48,
+    T.TimestampNTZType: 48,
+    T.NullType: NULL,
 }
 
 
-def length_bound(value: Column, dtype: DataType) -> Column | None:
+def length_bound(value: Column, dtype: T.DataType) -> Column | None:
     """A long column >= the byte length of `to_json(value)` (for a struct `value`) or of the
     value's JSON text inside one; None when `dtype` has no bound here."""
     return _bound(value, dtype) if supported(dtype) else None
 
 
-def supported(dtype: DataType) -> bool:
-    if _static_bound(dtype) is not None or isinstance(dtype, StringType | BinaryType):
+def supported(dtype: T.DataType) -> bool:
+    if _static_bound(dtype) is not None or isinstance(dtype, T.StringType | T.BinaryType):
         return True
-    if isinstance(dtype, StructType):
+    if isinstance(dtype, T.StructType):
         return all(supported(f.dataType) for f in dtype.fields)
-    if isinstance(dtype, ArrayType):
+    if isinstance(dtype, T.ArrayType):
         return supported(dtype.elementType)
-    if isinstance(dtype, MapType):
-        return isinstance(dtype.keyType, StringType) and supported(dtype.valueType)
+    if isinstance(dtype, T.MapType):
+        return isinstance(dtype.keyType, T.StringType) and supported(dtype.valueType)
     return False
 
 
-def _bound(value: Column, dtype: DataType) -> Column:
+def _bound(value: Column, dtype: T.DataType) -> Column:
     static = _static_bound(dtype)
     if static is not None:
         return F.lit(static).cast("long")
-    if isinstance(dtype, StringType):
+    if isinstance(dtype, T.StringType):
         return _or_null(value, F.lit(2) + 6 * F.octet_length(value).cast("long"))
-    if isinstance(dtype, BinaryType):
+    if isinstance(dtype, T.BinaryType):
         # Base64 in quotes: 4 characters per 3 bytes, rounded up.
         return _or_null(value, F.lit(6) + 2 * F.octet_length(value).cast("long"))
-    if isinstance(dtype, StructType):
+    if isinstance(dtype, T.StructType):
         # Braces, commas, names and colons, and the fixed-width fields are one constant.
         constant = 1 + max(1, len(dtype.fields)) + sum(name_bound(f.name) + 1 for f in dtype.fields)
         total = None
@@ -93,25 +74,25 @@ def _bound(value: Column, dtype: DataType) -> Column:
                 inner = _bound(value.getField(f.name), f.dataType)
                 total = inner if total is None else total + inner
         return F.lit(max(constant, NULL)).cast("long") if total is None else _or_null(value, total + constant)
-    if isinstance(dtype, ArrayType):
+    if isinstance(dtype, T.ArrayType):
         element = dtype.elementType
         static = _static_bound(element)
         if static is not None:
             return _or_null(value, F.lit(2) + F.size(value).cast("long") * (static + 1))
         return _or_null(value, F.aggregate(value, F.lit(2).cast("long"), lambda acc, x: acc + _bound(x, element) + 1))
-    assert isinstance(dtype, MapType)
+    assert isinstance(dtype, T.MapType)
     value_type = dtype.valueType
     entries = F.aggregate(
         F.map_entries(value),
         F.lit(2).cast("long"),
-        lambda acc, e: acc + _bound(e["key"], StringType()) + _bound(e["value"], value_type) + 2,
+        lambda acc, e: acc + _bound(e["key"], T.StringType()) + _bound(e["value"], value_type) + 2,
     )
     return _or_null(value, entries)
 
 
-def _static_bound(dtype: DataType) -> int | None:
+def _static_bound(dtype: T.DataType) -> int | None:
     """The bound of a value whose text has a longest length (numbers, temporal values)."""
-    if isinstance(dtype, DecimalType):
+    if isinstance(dtype, T.DecimalType):
         return dtype.precision + 12  # digits, sign, point, exponent
     return _FIXED.get(type(dtype))
 

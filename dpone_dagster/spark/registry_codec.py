@@ -21,16 +21,8 @@ from typing import Any, overload
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    DataType,
-    MapType,
-    StringType,
-    StructField,
-    StructType,
-)
 
 from dpone_dagster import columns as C
 from dpone_dagster.errors import ConfigError
@@ -57,26 +49,26 @@ def distinct_schema_ids(raw: DataFrame, column: str = "value") -> list[int]:
 
 
 @overload
-def nullable_schema(dtype: StructType) -> StructType: ...
+def nullable_schema(dtype: T.StructType) -> T.StructType: ...
 
 
 @overload
-def nullable_schema(dtype: DataType) -> DataType: ...
+def nullable_schema(dtype: T.DataType) -> T.DataType: ...
 
 
-def nullable_schema(dtype: DataType) -> DataType:
+def nullable_schema(dtype: T.DataType) -> T.DataType:
     """`dtype` with every field/element/value nullable and no field metadata (decoded output)."""
-    if isinstance(dtype, StructType):
-        return StructType([StructField(f.name, nullable_schema(f.dataType), True) for f in dtype.fields])
-    if isinstance(dtype, ArrayType):
-        return ArrayType(nullable_schema(dtype.elementType), True)
-    if isinstance(dtype, MapType):
-        return MapType(dtype.keyType, nullable_schema(dtype.valueType), True)
+    if isinstance(dtype, T.StructType):
+        return T.StructType([T.StructField(f.name, nullable_schema(f.dataType), True) for f in dtype.fields])
+    if isinstance(dtype, T.ArrayType):
+        return T.ArrayType(nullable_schema(dtype.elementType), True)
+    if isinstance(dtype, T.MapType):
+        return T.MapType(dtype.keyType, nullable_schema(dtype.valueType), True)
     return dtype
 
 
 def writer_schema(fmt: str, schema_str: str, message_indexes: Sequence[int] | None = None,
-                  references: Sequence[tuple[str, str]] = ()) -> StructType:
+                  references: Sequence[tuple[str, str]] = ()) -> T.StructType:
     """The Spark view of a registered schema (what encoding conforms rows to)."""
     if fmt == "avro":
         return avro.avro_to_spark(schema_str)
@@ -88,13 +80,13 @@ def writer_schema(fmt: str, schema_str: str, message_indexes: Sequence[int] | No
     raise ConfigError(f"message_format {fmt!r} does not use the Schema Registry")
 
 
-def key_schema(schema: StructType, columns: Sequence[str]) -> StructType:
+def key_schema(schema: T.StructType, columns: Sequence[str]) -> T.StructType:
     """The struct of the key columns (to build the `-key` subject's schema)."""
     by_name = {f.name: f for f in schema.fields}
     missing = [c for c in columns if c not in by_name]
     if missing:
         raise ConfigError(f"key column(s) {missing} are not in the batch (columns: {list(by_name)})")
-    return StructType([by_name[c] for c in columns])
+    return T.StructType([by_name[c] for c in columns])
 
 
 def apply_routes(df: DataFrame, plan: EvolutionPlan) -> DataFrame:
@@ -123,7 +115,7 @@ class RecordDecoder:
         self,
         fmt: str,
         schemas: Mapping[int, tuple[str, str]],
-        schema: StructType,
+        schema: T.StructType,
         references: Mapping[int, Sequence[tuple[str, str]]] | None = None,
         expected_record: str | None = None,
     ):
@@ -226,7 +218,7 @@ def decode_registry(
     raw: DataFrame,
     fmt: str,
     schemas: Mapping[int, tuple[str, str]],
-    spark_schema: StructType,
+    spark_schema: T.StructType,
     references: Mapping[int, Sequence[tuple[str, str]]] | None = None,
     expected_record: str | None = None,
 ) -> DataFrame:
@@ -235,8 +227,8 @@ def decode_registry(
     `references`: protobuf imports per schema id (`schema.registry.references_by_id`);
     `expected_record`: see `RecordDecoder`."""
     payload_schema = nullable_schema(spark_schema)
-    out_schema = StructType(
-        [*raw.schema.fields, StructField(_PAYLOAD, payload_schema, True), StructField(C.CORRUPT, StringType(), True)]
+    out_schema = T.StructType(
+        [*raw.schema.fields, T.StructField(_PAYLOAD, payload_schema, True), T.StructField(C.CORRUPT, T.StringType(), True)]
     )
     # Plain data only in the closure: dicts of str/int, a StructType.
     shipped = {int(k): (str(v[0]), str(v[1])) for k, v in schemas.items()}
@@ -339,10 +331,10 @@ def encode_registry(
         raise ConfigError(f"key.format {key.fmt!r} is not a registry format")
     replaced = {value_column} | ({key_column} if key is not None else set())
     kept = [f for f in df.schema.fields if f.name not in replaced]
-    out_fields = [*kept, StructField(value_column, BinaryType(), True)]
+    out_fields = [*kept, T.StructField(value_column, T.BinaryType(), True)]
     if key is not None:
-        out_fields.append(StructField(key_column, BinaryType(), True))
-    out_schema = StructType(out_fields)
+        out_fields.append(T.StructField(key_column, T.BinaryType(), True))
+    out_schema = T.StructType(out_fields)
     kept_names = [f.name for f in kept]
     out_names = out_schema.names
     value_names = list(payload_columns)
