@@ -80,6 +80,7 @@ from dpone_dagster.kafka.delivery import aggregate
 from dpone_dagster.manifest.models import KafkaSink, KafkaSource, Manifest
 from dpone_dagster.quality import arrow_checks
 from dpone_dagster.quality.arrow_checks import Tally
+from dpone_dagster.schema.values import nullable_schema
 from dpone_dagster.shape import message
 from dpone_dagster.shape.envelope import envelope_parts
 from dpone_dagster.shape.headers import HeaderSpec
@@ -90,7 +91,6 @@ from dpone_dagster.spark import arrow_json
 from dpone_dagster.spark.jobs import MARGIN_S, BoundedJobs, deadline_s, waves
 from dpone_dagster.spark.keep import release_batch
 from dpone_dagster.spark.printed_numbers import printed_by_spark
-from dpone_dagster.spark.registry_codec import nullable_schema
 from dpone_dagster.spark.session import is_connect
 from dpone_dagster.spark.slots import local_task_slots, produce_slots
 

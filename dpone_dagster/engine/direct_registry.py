@@ -20,6 +20,7 @@ from pyspark.sql.types import StructType
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.formats import registry_values
 from dpone_dagster.manifest.models import Manifest
+from dpone_dagster.schema.values import nullable_schema
 from dpone_dagster.schema.wire_format import frame
 from dpone_dagster.sinks.registry import (
     NO_REGISTRY,
@@ -29,7 +30,7 @@ from dpone_dagster.sinks.registry import (
     prepare_registry_schema,
     register_prepared,
 )
-from dpone_dagster.spark.registry_codec import KeyEncoding, nullable_schema, writer_schema
+from dpone_dagster.spark.registry_codec import KeyEncoding, writer_schema
 
 FORMATS = ("json", *registry_values.FORMATS)  # sink formats the direct path writes
 

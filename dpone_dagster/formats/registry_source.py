@@ -69,7 +69,7 @@ def arrow_schema(payload: StructType) -> pa.Schema | None:
     payload Arrow cannot hold."""
     from pyspark.sql.pandas.types import to_arrow_type
 
-    from dpone_dagster.spark.registry_codec import nullable_schema
+    from dpone_dagster.schema.values import nullable_schema
 
     try:
         struct = to_arrow_type(nullable_schema(payload), timezone="UTC")
@@ -203,7 +203,8 @@ def _readable(registered: tuple[str, str] | None, schema_type: str) -> bool:
 
 
 def _decoder(plan: RegistryPlan) -> Any:
-    from dpone_dagster.spark.registry_codec import RecordDecoder, nullable_schema
+    from dpone_dagster.schema.values import nullable_schema
+    from dpone_dagster.spark.registry_codec import RecordDecoder
 
     key = (plan.fmt, tuple(sorted(plan.schemas.items())), tuple(sorted((plan.references or {}).items())), plan.schema.json())
     if key not in _decoders:

@@ -28,7 +28,7 @@ import fastavro
 from pyspark.sql import types as T
 
 from dpone_dagster.errors import ConfigError
-from dpone_dagster.schema.values import DEFAULT_KEY, to_spark_value
+from dpone_dagster.schema.values import DEFAULT_KEY, to_spark_value, walk_row
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PRIMITIVES: dict[type, str] = {
@@ -328,25 +328,11 @@ def to_avro_datum(row: Mapping[str, Any], schema: T.StructType) -> dict[str, Any
     naive timestamps UTC, and leaves out nulls of required fields that have a default (fastavro
     then writes the default).
     """
-    return _datum(row, schema)  # type: ignore[return-value]
+    return walk_row(row, schema, _datum, (T.TimestampType,))  # type: ignore[return-value]
 
 
 def _datum(value: Any, dtype: T.DataType) -> Any:
-    if value is None:
-        return None
-    if isinstance(dtype, T.StructType):
-        out = {}
-        for field in dtype.fields:
-            item = _datum(value.get(field.name), field.dataType)
-            if item is None and not field.nullable and DEFAULT_KEY in field.metadata:
-                continue
-            out[field.name] = item
-        return out
-    if isinstance(dtype, T.ArrayType):
-        return [_datum(v, dtype.elementType) for v in value]
-    if isinstance(dtype, T.MapType):
-        pairs = value.items() if isinstance(value, Mapping) else value
-        return {str(k): _datum(v, dtype.valueType) for k, v in pairs}
+    """A leaf value as fastavro takes it: naive timestamps made UTC."""
     if isinstance(dtype, T.TimestampType) and isinstance(value, datetime) and value.tzinfo is None:
         return value.replace(tzinfo=UTC)
     return value

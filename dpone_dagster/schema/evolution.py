@@ -45,7 +45,7 @@ from pyspark.sql import types as T
 
 from dpone_dagster import columns as C
 from dpone_dagster.errors import ConfigError
-from dpone_dagster.schema.values import DEFAULT_KEY
+from dpone_dagster.schema.values import DEFAULT_KEY, nullable_schema
 
 NC_PREFIX = "__dpone__nc__"
 MODES = ("BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE", "NONE")
@@ -265,17 +265,7 @@ class _Merger:
 
 def _same(a: T.DataType, b: T.DataType) -> bool:
     """Equal types, ignoring nullability and field metadata."""
-    return _strip(a) == _strip(b)
-
-
-def _strip(dtype: T.DataType) -> T.DataType:
-    if isinstance(dtype, T.StructType):
-        return T.StructType([T.StructField(f.name, _strip(f.dataType), True) for f in dtype.fields])
-    if isinstance(dtype, T.ArrayType):
-        return T.ArrayType(_strip(dtype.elementType), True)
-    if isinstance(dtype, T.MapType):
-        return T.MapType(_strip(dtype.keyType), _strip(dtype.valueType), True)
-    return dtype
+    return nullable_schema(a) == nullable_schema(b)
 
 
 def promotes(narrow: T.DataType, wide: T.DataType) -> bool:

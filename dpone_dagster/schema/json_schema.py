@@ -34,7 +34,7 @@ from typing import Any
 from pyspark.sql import types as T
 
 from dpone_dagster.errors import ConfigError
-from dpone_dagster.schema.values import DEFAULT_KEY, to_spark_value
+from dpone_dagster.schema.values import DEFAULT_KEY, to_spark_value, walk_row
 
 DRAFT_07 = "http://json-schema.org/draft-07/schema#"
 TYPE_TAG = "x-dpone-type"
@@ -249,25 +249,15 @@ class _JsonReader:
 
 def to_json_value(row: Any, schema: T.StructType) -> dict[str, Any]:
     """A row (Arrow `to_pylist` form) as a JSON-ready object following the mapping above."""
-    return _json(row, schema)  # type: ignore[return-value]
+    return walk_row(row, schema, _json, _CONVERTED)  # type: ignore[return-value]
+
+
+# The types whose values `_json` converts.
+_CONVERTED = (T.DecimalType, T.TimestampType, T.TimestampNTZType, T.DateType, T.BinaryType, T.FloatType, T.DoubleType)
 
 
 def _json(value: Any, dtype: T.DataType) -> Any:
-    if value is None:
-        return None
-    if isinstance(dtype, T.StructType):
-        out = {}
-        for field in dtype.fields:
-            item = _json(value.get(field.name), field.dataType)
-            if item is None and not field.nullable and DEFAULT_KEY in field.metadata:
-                continue  # absent: the reader applies the default
-            out[field.name] = item
-        return out
-    if isinstance(dtype, T.ArrayType):
-        return [_json(v, dtype.elementType) for v in value]
-    if isinstance(dtype, T.MapType):
-        pairs = value.items() if isinstance(value, Mapping) else value
-        return {str(k): _json(v, dtype.valueType) for k, v in pairs}
+    """A leaf value as its JSON text's Python form (the mapping above)."""
     if isinstance(dtype, T.DecimalType):
         return format(Decimal(value), "f")
     if isinstance(dtype, T.TimestampType):

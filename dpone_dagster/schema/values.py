@@ -6,10 +6,10 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
-from typing import Any
+from typing import Any, overload
 from uuid import UUID
 
 from pyspark.sql import types as T
@@ -195,3 +195,46 @@ _SCALARS: dict[type, Any] = {
     T.DateType: _date,
     T.NullType: lambda value, dtype: None,
 }
+
+
+@overload
+def nullable_schema(dtype: T.StructType) -> T.StructType: ...
+
+
+@overload
+def nullable_schema(dtype: T.DataType) -> T.DataType: ...
+
+
+def nullable_schema(dtype: T.DataType) -> T.DataType:
+    """`dtype` with every field/element/value nullable and no field metadata: a decoder's output,
+    and the form in which two types are compared regardless of nullability."""
+    if isinstance(dtype, T.StructType):
+        return T.StructType([T.StructField(f.name, nullable_schema(f.dataType), True) for f in dtype.fields])
+    if isinstance(dtype, T.ArrayType):
+        return T.ArrayType(nullable_schema(dtype.elementType), True)
+    if isinstance(dtype, T.MapType):
+        return T.MapType(nullable_schema(dtype.keyType), nullable_schema(dtype.valueType), True)
+    return dtype
+
+
+def walk_row(value: Any, dtype: T.DataType, leaf: Callable[[Any, T.DataType], Any], leaf_types: tuple[type, ...]) -> Any:
+    """A row (Arrow `to_pylist` form: maps as pairs) rebuilt for a registry encoder: structs as
+    dicts (a null of a required field with a default left out, for the reader to apply the
+    default), lists as lists, maps as dicts with string keys; `leaf` converts the non-null values
+    of `leaf_types` (the others are kept as they are: one call less per value on a hot path)."""
+    if value is None:
+        return None
+    if isinstance(dtype, T.StructType):
+        out = {}
+        for field in dtype.fields:
+            item = walk_row(value.get(field.name), field.dataType, leaf, leaf_types)
+            if item is None and not field.nullable and DEFAULT_KEY in field.metadata:
+                continue
+            out[field.name] = item
+        return out
+    if isinstance(dtype, T.ArrayType):
+        return [walk_row(v, dtype.elementType, leaf, leaf_types) for v in value]
+    if isinstance(dtype, T.MapType):
+        pairs = value.items() if isinstance(value, Mapping) else value
+        return {str(k): walk_row(v, dtype.valueType, leaf, leaf_types) for k, v in pairs}
+    return leaf(value, dtype) if isinstance(dtype, leaf_types) else value

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -29,7 +29,7 @@ from dpone_dagster.errors import ConfigError
 from dpone_dagster.schema import avro, json_schema, protobuf
 from dpone_dagster.schema.evolution import EvolutionPlan
 from dpone_dagster.schema.registry import SCHEMA_TYPES
-from dpone_dagster.schema.values import to_spark_value
+from dpone_dagster.schema.values import nullable_schema, to_spark_value
 from dpone_dagster.schema.wire_format import WireFormatError, frame, unframe
 from dpone_dagster.spark.decode import decoded_columns, record_op
 
@@ -46,25 +46,6 @@ def distinct_schema_ids(raw: DataFrame, column: str = "value") -> list[int]:
     framed = raw.where(value.isNotNull() & (F.length(value) >= 5) & (F.hex(F.substring(value, 1, 1)) == "00"))
     ids = framed.select(F.conv(F.hex(F.substring(value, 2, 4)), 16, 10).cast("long").alias("id")).distinct()
     return sorted(int(row["id"]) for row in ids.collect())
-
-
-@overload
-def nullable_schema(dtype: T.StructType) -> T.StructType: ...
-
-
-@overload
-def nullable_schema(dtype: T.DataType) -> T.DataType: ...
-
-
-def nullable_schema(dtype: T.DataType) -> T.DataType:
-    """`dtype` with every field/element/value nullable and no field metadata (decoded output)."""
-    if isinstance(dtype, T.StructType):
-        return T.StructType([T.StructField(f.name, nullable_schema(f.dataType), True) for f in dtype.fields])
-    if isinstance(dtype, T.ArrayType):
-        return T.ArrayType(nullable_schema(dtype.elementType), True)
-    if isinstance(dtype, T.MapType):
-        return T.MapType(dtype.keyType, nullable_schema(dtype.valueType), True)
-    return dtype
 
 
 def writer_schema(fmt: str, schema_str: str, message_indexes: Sequence[int] | None = None,
