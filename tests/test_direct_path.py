@@ -1224,33 +1224,83 @@ def test_non_numeric_numbers_of_a_json_source_are_read_as_spark_reads_them(broke
     assert counts == [2, 1, 2], values[:3]
 
 
-def test_what_only_spark_sql_does_goes_there_before_anything_is_produced(broker, spark, kafka_env, tmp_path, monkeypatch):
-    """Each batch holds one record the direct path cannot shape exactly; the whole batch takes the
-    Spark SQL path, so the target holds each message once."""
+ONLY_SPARK_READS = {  # index past the schema sample: a record Spark's decoder reads and Arrow's does not
+    810: b'{"order_id": %d, "amount": +INF, "note": "plus inf"}',
+    820: b'{"order_id": %d, "amount": -INF, "note": "minus inf"}',
+    830: b'{"order_id": %d, "amount": +Infinity, "note": "plus infinity"}',
+    840: b'{"order_id": %d, "amount": "NaN", "note": "quoted nan"}',
+    850: b'{"order_id": %d, "amount": "-Infinity", "note": "quoted minus infinity"}',
+    860: b'{"order_id": %d, "amount": 2.5, "note": 12345}',
+    870: b'{"order_id": %d, "amount": 3.5, "note": {"nested": [1, "two", null]}}',
+    880: b'{"order_id": %d, "amount": 4.5, "note": ["a", 1]}',
+    890: b'{not json at %d',
+}
+ENVELOPES = {  # under envelope: auto, dpone envelopes past the sample of a flat topic
+    815: b'{"op": "upsert", "data": {"order_id": %d, "amount": 7.25, "note": "enveloped"}}',
+    835: b'{"op": "delete", "data": {"order_id": %d, "amount": null, "note": null}}',
+    855: b'{"op": "upsert", "data": {"order_id": %d, "amount": 8.5, "note": 77}}',
+    # Spark's envelope decoder reads the data without allowNonNumericNumbers: a bad record there.
+    865: b'{"op": "upsert", "data": {"order_id": %d, "amount": +INF, "note": "bad"}}',
+}
+
+
+def only_spark_reads(partition: int, odd: dict[int, bytes]) -> list[Any]:
+    """1,200 orders of one partition (keys repeat: order_id i % 400, per partition); past the
+    schema sample (its 500 records of each of two partitions), the records of `odd`."""
+    return [
+        odd[i] % (partition * 1_000 + i % 400) if i in odd else {"order_id": partition * 1_000 + i % 400, "amount": i * 0.5, "note": f"n{i}"}
+        for i in range(1_200)
+    ]
+
+
+@pytest.mark.parametrize("case", ["flat values", "envelopes among flat records"])
+def test_records_only_spark_reads_are_decoded_by_spark_on_the_direct_path(broker, spark, kafka_env, tmp_path, monkeypatch, case):
+    """Records Spark's JSON decoder reads and the task decoder does not (+INF and -INF, quoted
+    NaN and infinities in a double field, numbers, objects and lists in a string field, dpone
+    envelopes under envelope: auto) are decoded by Spark and spliced into the tasks' batches: the
+    batch stays on the direct path and writes the Spark SQL path's messages, dead letters and
+    offsets; a corrupt record is still a bad record."""
     bs = broker.bootstrap_servers
-    keyed = "{mode: incremental_append, unique_key: order_id}"
-    cases = {  # reason: (the odd record, source options, sink options, strategy)
-        # Spark reads +INF (allowNonNumericNumbers), the task decoder does not; Spark writes it as "Infinity".
-        "a +INF": (b'{"order_id": 5000, "amount": +INF, "blob": ""}', "", "", keyed),
-    }
-    for reason, (odd, source_options, sink_options, strategy) in cases.items():
-        src, dst = unique_topic("dsrc"), unique_topic("ddst")
-        create_topic(bs, src, 1)
-        create_topic(bs, dst, 1)
-        rows: list[Any] = [{"order_id": i, "amount": 1.5, "blob": ""} for i in range(1_200)]
-        rows[1_100] = odd  # past the schema sample (the first 1,000 records)
-        produce_json(bs, src, rows, partition=0)
-        text = manifest_text(src, dst, tmp_path / dst, strategy, sink_options)
-        if source_options:
-            text = text.replace("options: {group_id:", f"options: {{{source_options}, group_id:")
-        result = run_pipeline(parse_manifest(text), spark)
-        assert result.execution_path == "spark_sql", reason
-        assert any(n.startswith("direct path: the batch went to the Spark SQL path") for n in result.notes), reason
-        produced = consume_raw(bs, dst)
-        assert len(produced) == result.messages_produced == 1_200, reason
-        values = [r["value"] for r in produced]
-        assert len(set(values)) == len(values), reason
-        assert result.committed_offsets == {0: 1_200}, reason
+    src = unique_topic("dspark")
+    create_topic(bs, src, 2)
+    odd = {**ONLY_SPARK_READS, **(ENVELOPES if case.startswith("envelopes") else {})}
+    for partition in (0, 1):
+        produce_json(bs, src, only_spark_reads(partition, odd), partition=partition)
+    strategy = "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}"
+    sink = "deletes: {enabled: true, tombstone: true}" if case.startswith("envelopes") else ""
+    outcomes = on_error_outcomes(bs, spark, src, tmp_path, monkeypatch, strategy, sink, "on_error: dead_letter")
+    assert outcomes["direct"] == outcomes["spark_sql"]
+    extracted, dead_lettered, _, removed, produced, committed, (_, by_key), letters = outcomes["direct"]
+    bad = 4 if case.startswith("envelopes") else 2  # the corrupt records, and +INF in an envelope's data
+    assert (extracted, dead_lettered, committed, len(letters)) == (2_400, bad, {0: 1_200, 1: 1_200}, bad)
+    assert produced == 800 and removed == 2_400 - bad - 800
+    every = [v for per_key in by_key.values() for v in per_key]
+    values = [v for v in every if v is not None]
+    assert sum(b'"amount":"Infinity"' in v for v in values) == 4
+    assert sum(b'"note":"{\\"nested\\":[1,\\"two\\",null]}"' in v for v in values) == 2, values[:2]
+    assert sum(b'"note":"12345"' in v for v in values) == 2 and sum(b'"note":"[\\"a\\",1]"' in v for v in values) == 2
+    if case.startswith("envelopes"):
+        assert sum(b'"note":"77"' in v for v in values) == 2 and len(every) - len(values) == 2  # the deletes' tombstones
+
+
+def test_more_records_only_spark_reads_than_travel_to_the_tasks_go_to_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """Past the rows the driver hands the tasks (spark_rows.MAX_ROWS), the whole batch takes the
+    Spark SQL path before anything is produced, so the target holds each message once."""
+    from dpone_dagster.direct import spark_rows
+
+    monkeypatch.setattr(spark_rows, "MAX_ROWS", 3)
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("dsrc"), unique_topic("ddst")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    produce_json(bs, src, only_spark_reads(0, {i: v for i, v in ONLY_SPARK_READS.items() if b"not json" not in v}), partition=0)
+    result = run_pipeline(parse_manifest(manifest_text(src, dst, tmp_path / dst, "{mode: incremental_append, unique_key: order_id}")), spark)
+    assert result.execution_path == "spark_sql"
+    assert any("only Spark's decoder reads" in n for n in result.notes), result.notes
+    produced = consume_raw(bs, dst, expected=1_200)
+    assert len(produced) == result.messages_produced == 1_200
+    assert len({r["value"] for r in produced}) == 1_200
+    assert result.committed_offsets == {0: 1_200}
 
 
 def drifting(n: int, envelope: str = "flat") -> list[Any]:

@@ -25,6 +25,7 @@ from dpone_dagster.direct.late import WindowRange, late_records
 from dpone_dagster.direct.outgoing import SENT_KEY, outgoing, sent_keys, sent_size
 from dpone_dagster.direct.progress import Slice
 from dpone_dagster.direct.row_form import as_rows, rows_schema
+from dpone_dagster.direct.spark_rows import SparkRows
 from dpone_dagster.direct.spill import SpillWriter, remove_file, run_directory, sweep_stale_spills
 from dpone_dagster.formats import registry_source
 from dpone_dagster.quality import arrow_checks
@@ -96,6 +97,8 @@ class DirectSettings:
     keep_rows: bool = False
     # Numbers the encoder leaves to Spark's printing, as Spark printed them (json_encode.SparkNumbers).
     spark_numbers: Mapping[json_encode.NumberKey, str] = field(default_factory=dict)
+    # Records only Spark's decoder reads, as it decoded them (direct/spark_rows.py).
+    spark_rows: SparkRows | None = None
 
     @property
     def message_rule(self) -> message.MessageRule:
@@ -211,7 +214,21 @@ DELETE_OPS = ("delete", "d", "DELETE", "D")  # as the Spark SQL path reads them 
 
 def decoded(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBatch, list[pa.Array], pa.Array]:
     """The payload columns of a batch and which records are deletes (a tombstone, or an envelope
-    whose op is a delete op)."""
+    whose op is a delete op); the records only Spark's decoder reads as it decoded them."""
+    found = settings.spark_rows.found(raw) if settings.spark_rows is not None else None
+    if found is None:
+        return _decoded(settings, raw)
+    assert settings.spark_rows is not None
+    rest = raw.filter(pa.array(~found))
+    if rest.num_rows:
+        _, columns, deletes = _decoded(settings, rest)
+    else:
+        columns, deletes = [pa.array([], f.type) for f in settings.schema], pa.array([], pa.bool_())
+    columns, deletes = settings.spark_rows.splice(raw, found, columns, deletes)
+    return raw, columns, deletes
+
+
+def _decoded(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBatch, list[pa.Array], pa.Array]:
     values = raw.column("value")
     tombstone = values.is_null()
     if settings.source_envelope == "dpone":

@@ -13,9 +13,11 @@ does the same work in the Python tasks, in the same order of guarantees:
 2. judge (here): bad records the tasks set aside (undecodable, without their unique key, over
    message.max.bytes) follow source.options.on_error where and as on the Spark SQL path
    (engine/direct_bad_records.py). Records with fields an inferred schema's sample missed widen
-   the schema as the Spark SQL path widens it, and the batch is scanned again with it. A record
-   only the Spark SQL path handles (one Spark decodes but the tasks do not, a value the encoder
-   refuses) sends the whole run there, reading the batch again, as if this path had not run.
+   the schema as the Spark SQL path widens it, and the batch is scanned again with it. Records
+   Spark's decoder reads and the tasks' does not are decoded by Spark, and the batch is scanned
+   again with their rows spliced in (direct/spark_rows.py). A record only the Spark SQL path
+   handles (a value the encoder refuses, more such records than travel to the tasks) sends the
+   whole run there, reading the batch again, as if this path had not run.
    Repeated keys are settled on the keys themselves (direct/keys.py, engine/direct_keys.py: on the
    driver, or past its limit by a Spark window over the candidates); keep_last / keep_first pick
    the same record as the Spark SQL path (source order: timestamp, partition, offset); where
@@ -48,8 +50,9 @@ from pyspark.sql import DataFrame, SparkSession
 from dpone_dagster import columns as C
 from dpone_dagster.direct import task
 from dpone_dagster.direct.keys import candidates
+from dpone_dagster.direct.spark_rows import SparkRows
 from dpone_dagster.engine import direct_checks, direct_registry, direct_shape
-from dpone_dagster.engine.direct_attempt import Attempt, ScanAgain, ToSparkSql, switched_off
+from dpone_dagster.engine.direct_attempt import Attempt, DecodedBySpark, ScanAgain, ToSparkSql, switched_off
 from dpone_dagster.engine.direct_bad_records import BadRecords, batch_source
 from dpone_dagster.engine.direct_keys import settle_repeated_keys
 from dpone_dagster.engine.direct_load import (
@@ -98,9 +101,10 @@ from dpone_dagster.spark.slots import local_task_slots, produce_slots
 # consumer's connection set-up): the scan's part of a job bound (spark/jobs.py).
 READ_WAIT_S = 60.0
 # Scans of one batch: a plan is widened (JSON), or narrowed or fetched by id (registry), once (a
-# source is one or the other), and numbers only Spark prints alike are printed by it once; a batch
-# that needs more (numbers only in the widened fields) goes to the Spark SQL path.
-MAX_SCANS = 3
+# source is one or the other); records only Spark's decoder reads are decoded by it once (JSON);
+# and numbers only Spark prints alike are printed by it once. A batch that needs more (numbers
+# only in the widened fields) goes to the Spark SQL path.
+MAX_SCANS = 4
 # kafka_offsets is an append whose state is the source offsets (as every Kafka source run's).
 STRATEGIES = ("incremental_append", "kafka_offsets", "incremental_merge", "full_refresh", "replace")
 
@@ -148,14 +152,21 @@ def copy(
     it: at most MAX_SCANS scans, each plan changes once. So does a batch with numbers only Spark
     prints as Spark writes them (json_encode.SparkNumbers): printed by Spark on the driver."""
     printed: dict[NumberKey, str] = {}  # those numbers' texts, kept from one scan to the next
+    decoded: SparkRows | None = None  # records only Spark's decoder reads, as it decoded them
     for scan in range(1, MAX_SCANS + 1):
         attempt = Attempt.begin(result)
         try:
-            return _copy(manifest, spark, planned, result, sink_config, log, registry_config, scan, printed, publish)
+            return _copy(manifest, spark, planned, result, sink_config, log, registry_config, scan, printed, decoded, publish)
         except ScanAgain as exc:
             if scan == MAX_SCANS:
                 attempt.take_back(result, ToSparkSql(f"the plan changed again after {scan} scans ({exc})"), log)
                 return None
+            if isinstance(exc, DecodedBySpark):  # rows of an earlier plan's schema are decoded again
+                decoded = exc.rows.joined(decoded if decoded is not None and decoded.payload_schema == exc.rows.payload_schema else None)
+                too_many = decoded.too_many()
+                if too_many is not None:
+                    attempt.take_back(result, ToSparkSql(too_many), log)
+                    return None
             log(f"direct path: {exc}; scanning the batch again")
     raise AssertionError("unreachable")
 
@@ -170,6 +181,7 @@ def _copy(
     registry_config: dict | None,
     scan: int,
     printed: dict[NumberKey, str],
+    decoded: SparkRows | None,
     publish: bool,
 ) -> Delivered | Judged | None:
     """One scan of `copy`; ScanAgain (what it recorded taken back) when the source's plan changed
@@ -200,7 +212,9 @@ def _copy(
         log(f"direct path: not taken ({reason})")
         return None
     assert settings is not None
-    settings = replace(settings, scan=scan, spark_numbers=dict(printed))
+    if decoded is not None and decoded.payload_schema != settings.schema:  # the plan was widened since
+        decoded = None
+    settings = replace(settings, scan=scan, spark_numbers=dict(printed), spark_rows=decoded)
     attempt = Attempt.begin(result)
     try:
         with stage(result, "extract", log):
@@ -223,7 +237,7 @@ def _copy(
                 if total and settings.hold_back_late:  # left out by the scan; sent before the state moves
                     planned.source.hold_back(spark, boundary, total, {w: n for w, n in late.items() if n}, log)
             bad = BadRecords(manifest, spark, planned, reports, sink_config)
-            bad.judge_undecodable(result)
+            bad.judge_undecodable(result, settings.schema)
         rows = result.rows_extracted = sum(r.rows for r in reports)
         tally = Tally()
         for report in reports:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from dpone_dagster.direct.spark_rows import SparkRows
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.timing import Log
 
@@ -27,6 +28,15 @@ class ToSparkSql(Exception):
 class ScanAgain(Exception):
     """The source's plan for the batch changed (the message says how): the batch is scanned again
     with it, on the direct path; nothing was produced."""
+
+
+class DecodedBySpark(ScanAgain):
+    """Records only Spark's decoder reads, as it decoded them (`rows`): the batch is scanned again
+    with them spliced in (direct/spark_rows.py)."""
+
+    def __init__(self, rows: SparkRows):
+        super().__init__(f"{rows.table.num_rows} record(s) only Spark's decoder reads: decoded by Spark")
+        self.rows = rows
 
 
 @dataclass(frozen=True)

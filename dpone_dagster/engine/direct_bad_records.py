@@ -8,14 +8,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dpone_dagster import columns as C
 from dpone_dagster.direct import task
+from dpone_dagster.direct.spark_rows import SparkRows
 from dpone_dagster.engine import bad_records
 from dpone_dagster.engine.bad_records import handle_bad_records
-from dpone_dagster.engine.direct_attempt import ScanAgain, ToSparkSql
+from dpone_dagster.engine.direct_attempt import DecodedBySpark, ScanAgain
 from dpone_dagster.engine.direct_keys import by_partition
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
@@ -83,7 +84,10 @@ class BadRecords:
             dropped[mine] = np.isin(offsets[mine], losers)
         self.aside = self.aside.filter(pa.array(~dropped))
 
-    def judge_undecodable(self, result: RunResult) -> None:
+    def judge_undecodable(self, result: RunResult, schema: pa.Schema) -> None:
+        """Undecodable records as the Spark SQL path judges them. A JSON one Spark's decoder reads
+        is no bad record: fields beyond an inferred schema widen it (ScanAgain), other values are
+        decoded by Spark for the tasks (DecodedBySpark, in the tasks' payload `schema`)."""
         n = self.count("undecodable")
         if not n:
             return
@@ -99,11 +103,11 @@ class BadRecords:
         # As the Spark SQL path looks for fields beyond an inferred schema (once: not past a widening).
         detect = source.options.schema_ is None and not plan.widened
         decoded = decode_json(undecodable, plan.schema, envelope, detect_unknown=detect)
-        drift = F.col(C.UNKNOWN_KEYS).isNotNull() if detect else F.lit(False)
-        if decoded.where(F.col(C.CORRUPT).isNull() & ~drift).limit(1).count():
-            raise ToSparkSql("a value the task decoder leaves to Spark (another type, or a field beyond the schema)")
-        if detect and decoded.where(drift).limit(1).count():  # widened there, corrupt record or not
+        if detect and decoded.where(F.col(C.UNKNOWN_KEYS).isNotNull()).limit(1).count():  # widened there, corrupt record or not
             raise ScanAgain(source.widen_plan(self.planned.boundary, decoded).notes[-1])
+        readable = decoded.where(F.col(C.CORRUPT).isNull())
+        if readable.limit(1).count():
+            raise DecodedBySpark(_spark_rows(readable, schema))
         bad = decoded.select(F.col(C.SOURCE_PARTITION).alias("partition"), F.col(C.SOURCE_OFFSET).alias("offset"), F.col(C.CORRUPT).alias("reason"))
         self._handle(bad, n, result, what)
 
@@ -131,3 +135,14 @@ class BadRecords:
         assert self.letters is not None
         handle_bad_records(self.manifest, bad, n, self.letters, result, what)
         self.left_out += n
+
+
+def _spark_rows(decoded: DataFrame, schema: pa.Schema) -> SparkRows:
+    """The rows of `decoded` (decode_json's form) for the tasks: position, delete, payload."""
+    position = [
+        F.col(C.SOURCE_PARTITION).alias("partition"),
+        F.col(C.SOURCE_OFFSET).alias("offset"),
+        (F.col(C.OP) == F.lit(C.DELETE)).alias("is_delete"),
+    ]
+    table = decoded.select(*position, *[F.col(name) for name in schema.names]).toArrow()
+    return SparkRows.of(table.select(["partition", "offset", "is_delete"]), table, schema)
