@@ -1283,6 +1283,26 @@ def test_records_only_spark_reads_are_decoded_by_spark_on_the_direct_path(broker
         assert sum(b'"note":"77"' in v for v in values) == 2 and len(every) - len(values) == 2  # the deletes' tombstones
 
 
+def test_envelopes_without_data_and_fields_named_like_positions_under_envelope_auto(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """A topic of dpone envelopes (auto): a value with op but no data is no envelope to Spark's
+    per-record rule, so the tasks leave it to Spark, as they leave a number in a text field;
+    payload fields named partition and offset travel with those rows. Both paths write the same."""
+    bs = broker.bootstrap_servers
+    src = unique_topic("dauto")
+    create_topic(bs, src, 1)
+    rows: list[Any] = [{"op": "upsert", "data": {"order_id": i % 300, "partition": i % 3, "offset": i, "note": f"n{i}"}} for i in range(1_200)]
+    rows[1_150] = b'{"op": "delete", "order_id": 5}'  # the last of key 5
+    rows[950] = b'{"op": "upsert", "data": {"order_id": 50, "partition": 1, "offset": 950, "note": 950}}'
+    produce_json(bs, src, rows, partition=0)
+    strategy = "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}"
+    outcomes = on_error_outcomes(bs, spark, src, tmp_path, monkeypatch, strategy, "deletes: {enabled: true, tombstone: true}", "envelope: auto, on_error: dead_letter")
+    assert outcomes["direct"] == outcomes["spark_sql"]
+    extracted, _, _, _, produced, committed, (_, by_key), _ = outcomes["direct"]
+    assert extracted == 1_200 and committed == {0: 1_200} and produced >= 300
+    assert any(v is not None and b'"note":"950"' in v for v in by_key[b"50"]), by_key[b"50"]
+    assert by_key[b"5"][-1] is not None and b'"op":"delete"' in by_key[b"5"][-1]  # a flat record to Spark: an upsert
+
+
 def test_more_records_only_spark_reads_than_travel_to_the_tasks_go_to_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch):
     """Past the rows the driver hands the tasks (spark_rows.MAX_ROWS), the whole batch takes the
     Spark SQL path before anything is produced, so the target holds each message once."""
@@ -1366,8 +1386,9 @@ def test_fields_the_schema_sample_missed_widen_the_schema_on_the_direct_path(bro
 
 def test_a_field_the_sample_missed_in_a_record_of_another_type(broker, spark, kafka_env, tmp_path, monkeypatch):
     """Corrupt as sampled (a text where the sample held numbers), but its new field widens the
-    schema, and it decodes then: the direct path widens it, then hands the batch to the Spark SQL
-    path, which writes what it writes on its own."""
+    schema, and it decodes then: the direct path widens it, has Spark decode the record the task
+    decoder does not read (a number where the widened schema holds text) and writes what the
+    Spark SQL path writes on its own."""
     bs = broker.bootstrap_servers
     src = unique_topic("ddrift")
     create_topic(bs, src, 1)
@@ -1377,8 +1398,8 @@ def test_a_field_the_sample_missed_in_a_record_of_another_type(broker, spark, ka
     (direct, direct_records), (sql, sql_records) = run_both(
         bs, spark, src, tmp_path, monkeypatch, "{mode: incremental_append, unique_key: order_id}", partitions=1, source_options="on_error: skip"
     )
-    # Widened, order_id is text, which the task decoder does not read from JSON numbers.
-    assert direct.execution_path == "spark_sql" and "schema widened with fields not in the sample: ['extra']" in direct.notes
+    # Widened, order_id is text, which the task decoder does not read from JSON numbers: Spark does.
+    assert direct.execution_path == "direct" and "schema widened with fields not in the sample: ['extra']" in direct.notes
     assert messages(direct_records) == messages(sql_records)
     assert direct.messages_produced == sql.messages_produced == 1_200
     assert direct.committed_offsets == sql.committed_offsets == {0: 1_200}

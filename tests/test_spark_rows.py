@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from dpone_dagster.direct.spark_rows import SparkRows
+from dpone_dagster.direct.spark_rows import IS_DELETE, OFFSET, PARTITION, SparkRows
 
 SCHEMA = pa.schema([("order_id", pa.int64()), ("note", pa.string())])
 
@@ -17,7 +17,7 @@ def raw(partition: int, offsets: list[int]) -> pa.RecordBatch:
 
 def rows(spec: list[tuple[int, int, bool, int, str]]) -> SparkRows:
     """(partition, offset, is_delete, order_id, note) per row, in any order; Spark's types."""
-    positions = pa.table({"partition": [s[0] for s in spec], "offset": [s[1] for s in spec], "is_delete": [s[2] for s in spec]})
+    positions = pa.table({PARTITION: [s[0] for s in spec], OFFSET: [s[1] for s in spec], IS_DELETE: [s[2] for s in spec]})
     payload = pa.table({"note": pa.array([s[4] for s in spec], pa.large_string()), "order_id": [s[3] for s in spec]})
     return SparkRows.of(positions, payload, SCHEMA)
 
@@ -53,7 +53,7 @@ def test_rows_of_later_scans_join_the_earlier_and_a_flood_is_refused(monkeypatch
 
     first, second = rows([(0, 1, False, 1, "a")]), rows([(0, 9, False, 9, "z")])
     joined = second.joined(first)
-    assert joined.table.column("offset").to_pylist() == [1, 9] and joined.too_many() is None
+    assert joined.table.column(OFFSET).to_pylist() == [1, 9] and joined.too_many() is None
     assert np.array_equal(joined.found(raw(0, [1, 2, 9])), [True, False, True])
     monkeypatch.setattr(spark_rows, "MAX_ROWS", 1)
     assert "only Spark's decoder reads" in (joined.too_many() or "")

@@ -14,8 +14,10 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 
-# The position of each row and whether it is a delete (a delete op), before the payload fields.
-POSITION = pa.schema([("partition", pa.int32()), ("offset", pa.int64()), ("is_delete", pa.bool_())])
+# The position of each row and whether it is a delete (a delete op), before the payload fields
+# (named as the engine's own columns, which no payload field may be: engine/direct._settings).
+PARTITION, OFFSET, IS_DELETE = "__dpone__partition", "__dpone__offset", "__dpone__is_delete"
+POSITION = pa.schema([(PARTITION, pa.int32()), (OFFSET, pa.int64()), (IS_DELETE, pa.bool_())])
 # Rows the driver hands over (they travel to every task with its settings); a batch with more
 # records only Spark's decoder reads goes to the Spark SQL path.
 MAX_ROWS = 10_000
@@ -45,8 +47,8 @@ class SparkRows:
     @cached_property
     def _by_partition(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """Per source partition: the rows' offsets (sorted) and their row numbers in the table."""
-        partitions = self.table.column("partition").to_numpy()
-        offsets = self.table.column("offset").to_numpy()
+        partitions = self.table.column(PARTITION).to_numpy()
+        offsets = self.table.column(OFFSET).to_numpy()
         out = {}
         for partition in np.unique(partitions):
             rows = np.flatnonzero(partitions == partition)
@@ -79,7 +81,7 @@ class SparkRows:
         at = pa.array(order)
         first = len(POSITION)
         spliced = [pa.concat_arrays([c, picked.column(first + i).combine_chunks()]).take(at) for i, c in enumerate(columns)]
-        return spliced, pa.concat_arrays([deletes, picked.column("is_delete").combine_chunks()]).take(at)
+        return spliced, pa.concat_arrays([deletes, picked.column(IS_DELETE).combine_chunks()]).take(at)
 
     def too_many(self) -> str | None:
         """Why these rows cannot travel with the tasks' settings, or None."""

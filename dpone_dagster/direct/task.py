@@ -76,6 +76,9 @@ class DirectSettings:
     hash_row: bool = False  # key: the hex SHA-256 of the row's canonical JSON
     headers: HeaderSpec | None = None  # headers the messages carry
     source_envelope: str = "flat"  # flat | dpone: how the source's values are decoded
+    # envelope: auto (decided per record by Spark: an object with op and data is an envelope): a
+    # value without its data, which the task decoder cannot tell from a null data, is set aside.
+    envelope_auto: bool = False
     # What a delete (a tombstone, an envelope with a delete op) becomes: "tombstone", "event" (a
     # dpone envelope with op delete: `delete_envelope`), or, with deletes disabled, "skip" (left
     # out) or "fail" (counted; the run fails before producing).
@@ -236,6 +239,8 @@ def _decoded(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBa
         if decoded is None:
             raise Undecodable("an envelope the task decoder leaves to Spark (corrupt, another type, or a field beyond the schema)")
         op, has_data, columns = decoded
+        if settings.envelope_auto and pc.any(pc.and_(pc.invert(tombstone), pc.invert(has_data))).as_py():
+            raise Undecodable("a value without an envelope's data under envelope: auto (Spark decides what it is)")
         is_delete = pc.or_(tombstone, pc.fill_null(pc.is_in(op, pa.array(DELETE_OPS)), False))
         # An envelope without its op, or an upsert without its data, is a bad record.
         if pc.any(pc.and_(pc.invert(tombstone), pc.or_(op.is_null(), pc.and_(pc.invert(has_data), pc.invert(is_delete))))).as_py():

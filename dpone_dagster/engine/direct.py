@@ -102,8 +102,9 @@ from dpone_dagster.spark.slots import local_task_slots, produce_slots
 READ_WAIT_S = 60.0
 # Scans of one batch: a plan is widened (JSON), or narrowed or fetched by id (registry), once (a
 # source is one or the other); records only Spark's decoder reads are decoded by it once (JSON);
-# and numbers only Spark prints alike are printed by it once. A batch that needs more (numbers
-# only in the widened fields) goes to the Spark SQL path.
+# numbers only Spark prints alike are printed by it, once for most batches. A batch that needs
+# more (numbers found first in widened fields, and again in the records Spark decoded) goes to
+# the Spark SQL path.
 MAX_SCANS = 4
 # kafka_offsets is an append whose state is the source offsets (as every Kafka source run's).
 STRATEGIES = ("incremental_append", "kafka_offsets", "incremental_merge", "full_refresh", "replace")
@@ -457,6 +458,7 @@ def _settings(
             hash_row=sink.options.key.mode == "hash_row",
             headers=HeaderSpec.of(sink.options.headers.static, sink.options.headers.lineage, sink.options.headers.replicate_source, source.topic),
             source_envelope=source_envelope,
+            envelope_auto=source.options.envelope == "auto",
             registry_source=registry,
             deletes=direct_shape.delete_mode(sink),
             source_key_for_deletes=sink.options.key.mode == "unique_key",

@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dpone_dagster import columns as C
-from dpone_dagster.direct import task
+from dpone_dagster.direct import spark_rows, task
 from dpone_dagster.direct.spark_rows import SparkRows
 from dpone_dagster.engine import bad_records
 from dpone_dagster.engine.bad_records import handle_bad_records
@@ -37,8 +37,8 @@ def batch_source(planned: PlannedRead) -> KafkaBatchSource | None:
 class BadRecords:
     """The records the tasks set aside (direct/task.SET_ASIDE_KEPT), judged where the Spark SQL
     path judges them and by its rules (engine/bad_records.py): undecodable ones with the extract,
-    JSON ones by Spark's own decoder (a record it reads — drift, a type the task decoder does not
-    write — widens the schema or sends the batch to the Spark SQL path), registry-framed ones with
+    JSON ones by Spark's own decoder (a record it reads widens the schema where it holds fields
+    beyond it, or is decoded by Spark for the tasks), registry-framed ones with
     the reasons of the tasks' decoder, which is the Spark SQL path's; upserts without their unique key after the extracted
     gates; messages over message.max.bytes after the published gates. Each follows
     source.options.on_error: fail raises before anything is produced, dead letters are sent once
@@ -140,9 +140,10 @@ class BadRecords:
 def _spark_rows(decoded: DataFrame, schema: pa.Schema) -> SparkRows:
     """The rows of `decoded` (decode_json's form) for the tasks: position, delete, payload."""
     position = [
-        F.col(C.SOURCE_PARTITION).alias("partition"),
-        F.col(C.SOURCE_OFFSET).alias("offset"),
-        (F.col(C.OP) == F.lit(C.DELETE)).alias("is_delete"),
+        F.col(C.SOURCE_PARTITION).alias(spark_rows.PARTITION),
+        F.col(C.SOURCE_OFFSET).alias(spark_rows.OFFSET),
+        (F.col(C.OP) == F.lit(C.DELETE)).alias(spark_rows.IS_DELETE),
     ]
-    table = decoded.select(*position, *[F.col(name) for name in schema.names]).toArrow()
-    return SparkRows.of(table.select(["partition", "offset", "is_delete"]), table, schema)
+    # One row past the most that travel to the tasks is enough to refuse them (direct.copy).
+    table = decoded.select(*position, *[decoded[name] for name in schema.names]).limit(spark_rows.MAX_ROWS + 1).toArrow()
+    return SparkRows.of(table.select(spark_rows.POSITION.names), table, schema)
