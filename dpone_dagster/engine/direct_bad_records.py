@@ -105,9 +105,9 @@ class BadRecords:
         decoded = decode_json(undecodable, plan.schema, envelope, detect_unknown=detect)
         if detect and decoded.where(F.col(C.UNKNOWN_KEYS).isNotNull()).limit(1).count():  # widened there, corrupt record or not
             raise ScanAgain(source.widen_plan(self.planned.boundary, decoded).notes[-1])
-        readable = decoded.where(F.col(C.CORRUPT).isNull())
-        if readable.limit(1).count():
-            raise DecodedBySpark(_spark_rows(readable, schema))
+        readable = _spark_rows(decoded.where(F.col(C.CORRUPT).isNull()), schema)  # one decode, not a count first
+        if readable.table.num_rows:
+            raise DecodedBySpark(readable)
         bad = decoded.select(F.col(C.SOURCE_PARTITION).alias("partition"), F.col(C.SOURCE_OFFSET).alias("offset"), F.col(C.CORRUPT).alias("reason"))
         self._handle(bad, n, result, what)
 
