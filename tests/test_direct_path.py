@@ -36,7 +36,7 @@ from dpone_dagster.direct.keys import (
 from dpone_dagster.direct.late import late_counts
 from dpone_dagster.direct.progress import SliceProgress, SliceSchedule
 from dpone_dagster.engine.direct_keys import losers
-from dpone_dagster.engine.run import RunRequest, run_pipeline
+from dpone_dagster.engine.run import RunRequest, open_manifest_state_store, run_pipeline
 from dpone_dagster.errors import ConfigError, DataRefused, RunFailed
 from dpone_dagster.formats import avro_columns, registry_source
 from dpone_dagster.manifest import parse_manifest
@@ -2315,3 +2315,92 @@ def test_a_checks_only_run_judges_the_batch_as_the_spark_sql_path_and_registers_
     assert outcomes["direct"] == outcomes["spark_sql"]
     assert outcomes["direct"][0] == [("min_rows", True, 1200), ("not_null_order_id", True, 0), ("unique_order_id", True, 0)]
     assert outcomes["direct"][1:3] == (1200, 500)
+
+
+def outcome_of(result: Any) -> dict[str, Any]:
+    """What a run reports, but for what differs between any two runs (ids, times, the manifest's
+    name) and the path it took; the stages it timed are kept by name."""
+    data = result.as_dict()
+    for field_name in ("run_id", "pipeline", "execution_path", "started_at", "finished_at", "executors", "lag_before", "lag_after"):
+        data.pop(field_name)
+    data["timings"] = sorted(data["timings"])
+    return data
+
+
+@pytest.mark.parametrize("fmt", ["json", "avro"])
+@pytest.mark.parametrize("case", ["incremental rerun", "full_refresh of an empty topic"])
+def test_a_batch_with_nothing_to_read_is_judged_on_the_direct_path_as_on_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch, fmt, case):
+    """A batch without offsets to read (a second incremental run, or a full refresh of a topic
+    without records): the direct path judges it itself (min_rows by its rule: skipped for an
+    incremental read, failing a full refresh; not_null skipped), reports what the Spark SQL path
+    reports, produces nothing and stores the same offsets."""
+    bs = broker.bootstrap_servers
+    rerun = case == "incremental rerun"
+    if fmt == "avro":
+        url, src = registry_topic(bs, monkeypatch)
+        if rerun:
+            produce_registry(bs, url, src, "avro", shop_rows(30))
+        source_options = "message_format: avro, schema_registry: {enabled: true}, "
+    else:
+        src = unique_topic("dempty")
+        create_topic(bs, src, 2)
+        if rerun:
+            produce_json(bs, src, orders(30), partition=1)
+        source_options = ""
+    strategy = "{mode: incremental_append, unique_key: order_id}" if rerun else "{mode: full_refresh}"
+    quality = "quality:\n  checks:\n    - {type: min_rows, threshold: 1}\n    - {type: not_null, columns: [order_id]}\n"
+    outcomes, stored = {}, {}
+    for path in ("direct", "spark_sql"):
+        dst = unique_topic(f"dempty_{path}")
+        create_topic(bs, dst, 2)
+        text = manifest_text(src, dst, tmp_path / path, strategy, quality=quality).replace("options: {group_id:", f"options: {{{source_options}group_id:")
+        manifest = parse_manifest(text)
+        with monkeypatch.context() as patched:
+            patched.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
+            if rerun:
+                first = run_pipeline(manifest, spark)
+                assert first.rows_extracted == 30 and first.committed_offsets, first.notes
+            try:
+                second = run_pipeline(manifest, spark)
+            except DataRefused as exc:
+                second = exc.result
+        assert second.execution_path == path, second.notes
+        assert second.messages_produced == 0 and len(consume_raw(bs, dst, expected=30 if rerun else 0)) == (30 if rerun else 0)
+        outcomes[path] = outcome_of(second)
+        stored[path] = open_manifest_state_store(manifest).load_offsets(src, f"g_{dst}")
+    assert outcomes["direct"] == outcomes["spark_sql"]
+    assert stored["direct"] == stored["spark_sql"]
+    if rerun:
+        assert stored["direct"] and sum(stored["direct"].values()) == 30
+    assert outcomes["direct"]["status"] == ("success" if rerun else "failed"), outcomes["direct"]
+    judged = ["min_rows", "not_null_order_id"] if rerun else ["min_rows"]  # a failed gate stops the run there
+    assert [g["name"] for g in outcomes["direct"]["gates"]] == judged, outcomes["direct"]["gates"]
+
+
+def test_a_time_window_without_records_is_judged_on_the_direct_path_as_on_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """The first hour holds no record (they all fall in the second): its run records the window
+    with no offsets and no late record on either path, and produces nothing."""
+    from datetime import UTC, datetime, timedelta
+
+    from test_time_windows import manifest_text as window_manifest
+
+    from dpone_dagster.kafka.windows import Window
+
+    bs = broker.bootstrap_servers
+    src = unique_topic("dempty_window")
+    create_topic(bs, src, 2)
+    start = datetime(2024, 3, 1, tzinfo=UTC)
+    produce_json(bs, src, orders(10), partition=0, timestamps=[int((start + timedelta(minutes=70 + m)).timestamp() * 1000) for m in range(10)])
+    window = Window(start, start + timedelta(hours=1), "2024-03-01-00:00")
+    outcomes = {}
+    for path in ("direct", "spark_sql"):
+        dst = unique_topic(f"dempty_window_{path}")
+        create_topic(bs, dst, 2)
+        with monkeypatch.context() as patched:
+            patched.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
+            result = run_pipeline(parse_manifest(window_manifest(src, dst, tmp_path / path, ", late_records: fail")), spark, RunRequest(windows=[window]))
+        assert result.execution_path == path, result.notes
+        assert result.messages_produced == 0 == len(consume_raw(bs, dst, expected=0))
+        outcomes[path] = outcome_of(result)
+    assert outcomes["direct"] == outcomes["spark_sql"]
+    assert outcomes["direct"]["boundary"]["late_records"] == 0 and outcomes["direct"]["rows_extracted"] == 0, outcomes["direct"]["boundary"]

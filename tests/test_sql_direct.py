@@ -1139,3 +1139,44 @@ def test_a_task_counts_the_rows_of_its_hashes_that_may_repeat():
     assert hashes.rows_of(np.array([5, 7], np.uint64)) == 4  # 5 three times, 7 once
     assert hashes.rows_of(np.array([3], np.uint64)) == 1 and hashes.rows_of(np.zeros(0, np.uint64)) == 0
     assert sum(part.rows_of(np.array([5, 9], np.uint64)) for part in hashes.split(3)) == 4
+
+
+def outcome_of(result: Any) -> dict[str, Any]:
+    """What a run reports, but for what differs between any two runs and the path it took."""
+    data = result.as_dict()
+    for field_name in ("run_id", "execution_path", "started_at", "finished_at", "executors", "lag_before", "lag_after"):
+        data.pop(field_name)
+    data["timings"] = sorted(data["timings"])
+    return data
+
+
+@pytest.mark.parametrize("case", ["an empty table", "a cdc read of no changes"])
+def test_a_batch_with_nothing_to_read_is_judged_on_the_direct_path_as_on_the_spark_sql_path(broker, spark, kafka_env, db, tmp_path, monkeypatch, case):
+    """An incremental read of an empty table (counted empty when planning), or a CDC read (not
+    counted) that finds no change: the direct path judges the empty batch itself, reports what the
+    Spark SQL path reports, produces nothing and stores the same watermark."""
+    cdc = case.startswith("a cdc")
+    if cdc:
+        fake_mssql_cdc(spark, monkeypatch, [])
+    else:
+        create_orders(db, rows=0)
+    quality = "quality:\n  checks:\n    - {type: min_rows, threshold: 1}\n    - {type: not_null, columns: [order_id]}\n"
+    outcomes, stored = {}, {}
+    for path in ("direct", "spark_sql"):
+        dst = unique_topic(f"sqld_empty_{path}")
+        create_topic(broker.bootstrap_servers, dst, 2)
+        text = manifest_text(dst, tmp_path / path, "{mode: cdc, unique_key: order_id}" if cdc else "{mode: incremental_append, unique_key: order_id}", quality=quality)
+        if cdc:
+            text = text.replace("type: postgres", "type: mssql").replace("{schema: public, name: orders}", "{schema: dbo, name: orders}")
+            text = text.replace("{incremental_column: updated_at, batch_size: 100}", "{}")
+        manifest = parse_manifest(text)
+        with monkeypatch.context() as patched:
+            patched.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
+            result = run_pipeline(manifest, spark)
+        assert result.execution_path == path, result.notes
+        assert result.status == "success" and result.messages_produced == 0 == len(consume_raw(broker.bootstrap_servers, dst, expected=0))
+        outcomes[path] = outcome_of(result)
+        stored[path] = open_manifest_state_store(manifest).load_watermark(manifest.name)
+    assert outcomes["direct"] == outcomes["spark_sql"]
+    assert stored["direct"] == stored["spark_sql"]
+    assert [(g["passed"], g["skipped"]) for g in outcomes["direct"]["gates"]] == [(True, True)] * 2, outcomes["direct"]["gates"]

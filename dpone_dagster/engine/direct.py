@@ -62,6 +62,7 @@ from dpone_dagster.engine.direct_load import (
     produce_ordered,
     storing_rule,
 )
+from dpone_dagster.engine.nothing_read import nothing_planned
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.stages.gates import pre_publish_gates
@@ -90,6 +91,7 @@ from dpone_dagster.shape.headers import HeaderSpec
 from dpone_dagster.sinks.json_encode import NumberKey
 from dpone_dagster.sinks.kafka_messages import refuses_duplicates, uses_dedupe
 from dpone_dagster.sinks.registry import NO_REGISTRY, PreparedSchema
+from dpone_dagster.sources.kafka import registry_notes
 from dpone_dagster.spark import arrow_json
 from dpone_dagster.spark.jobs import MARGIN_S, BoundedJobs, deadline_s, waves
 from dpone_dagster.spark.keep import release_batch
@@ -125,8 +127,6 @@ def refusal(manifest: Manifest, planned: PlannedRead) -> str | None:
         return format_reason
     if planned.boundary.method not in ("offsets", "max_records", "time_window"):
         return f"read_mode {planned.boundary.method}"
-    if not planned.boundary.total:
-        return "nothing to read"
     if sink.strategy.mode not in STRATEGIES:
         return f"strategy {sink.strategy.mode}"
     return None
@@ -189,6 +189,10 @@ def _copy(
     or the scan met numbers only Spark prints alike (added to `printed`)."""
     reason = refusal(manifest, planned)
     settings = prepared = None
+    source = batch_source(planned)
+    if reason is None and not planned.boundary.total:
+        assert source is not None  # refusal() checked it
+        return nothing_planned(manifest, planned, result, source.notes_of_nothing_read(planned.boundary), log)
     if reason is None:  # a Kafka batch with offsets to read: its tasks
         boundary = planned.boundary
         tasks = split_into_tasks(boundary, manifest.source.options.records_per_task)
@@ -201,7 +205,6 @@ def _copy(
 
         def batch_ids() -> set[int]:
             log(f"extract: reading the schema ids of {boundary.total} offsets in {len(groups)} Spark task(s), to fetch them by id")
-            source = batch_source(planned)
             assert source is not None  # refusal() checked it
             reader = source.reader_settings()
             return set().union(*jobs.in_tasks(groups, lambda g: task.schema_ids_of(reader, g), read_bound, "reading the batch's schema ids"))
@@ -358,10 +361,7 @@ def _decoded_as_planned(planned: PlannedRead, settings: task.DirectSettings, rep
     if nullable_schema(narrowed.schema) != nullable_schema(registry.schema):
         source.use_registry_plan(planned.boundary, narrowed)
         raise ScanAgain(f"the batch's schema versions {sorted(seen)} merge into another payload schema than the subject's: decoded with those only")
-    notes = [f"{registry.fmt}: schema id(s) {sorted(narrowed.schemas)} from the registry"]
-    if narrowed.missing:  # as the Spark SQL path notes them
-        notes.append(f"unknown schema id(s) {sorted(narrowed.missing)}: their records are reported as undecodable")
-    return notes
+    return registry_notes(registry.fmt, set(narrowed.schemas), set(narrowed.missing))
 
 
 def _remove_spills(

@@ -49,6 +49,7 @@ from dpone_dagster.engine import bad_records, direct_checks, direct_registry, di
 from dpone_dagster.engine.direct_attempt import Attempt, ToSparkSql, switched_off
 from dpone_dagster.engine.direct_keys import SAMPLE, refuse_repeats
 from dpone_dagster.engine.direct_load import check_ordered_delivery
+from dpone_dagster.engine.nothing_read import nothing_planned, nothing_read
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.sql_kept import (
     KEPT_CLEANUP_S,
@@ -122,8 +123,6 @@ def refusal(manifest: Manifest, planned: PlannedRead, spark: SparkSession) -> st
         return "the sink is not Kafka"
     if not one_host(spark) and speculates(spark):
         return "spark.speculation on a cluster: two attempts of a scan task could keep two different reads of the table"
-    if getattr(planned.boundary, "empty", False):
-        return "nothing to read"
     format_reason = direct_registry.refusal(manifest)
     if format_reason is not None:
         return format_reason
@@ -151,6 +150,8 @@ def copy(
         log(f"direct path: not taken ({reason})")
         return None
     extracted = planned.source.extract(spark, planned.boundary, log)
+    if getattr(planned.boundary, "empty", False):  # counted empty when planning: nothing is read
+        return nothing_planned(manifest, planned, result, extracted.notes, log)
     frame = extracted.df
     settings, prepared, reason = _settings(manifest, frame.schema, sink_config, result.run_id, registry_config)
     if reason is not None:
@@ -173,6 +174,9 @@ def copy(
             rows = result.rows_extracted = sum(r.rows for r in reports)
             _judge(reports)
             result.notes.extend(extracted.notes)
+        if not rows:  # a read not counted when planning (CDC) that found nothing
+            store.remove(settings, log)
+            return nothing_read(manifest, planned, result, log)
         _gates(manifest, planned, result, rows, "quality_pre", "extracted", log, frame)
         with stage(result, "shape", log):
             deletes = sum(r.deletes for r in reports)
@@ -314,8 +318,6 @@ def _judge(reports: list[sql_task.SqlReport]) -> None:
     refused = next((r.refused for r in reports if r.refused), None)
     if refused is not None:
         raise ToSparkSql(refused)
-    if not sum(r.rows for r in reports):
-        raise ToSparkSql("nothing was read")
 
 
 def _refuse_keyless(reports: list[sql_task.SqlReport]) -> None:

@@ -240,6 +240,11 @@ class KafkaBatchSource:
         detect = self.options.schema_ is None and bool(boundary.total) and not plan.widened
         return self._extract_json(spark, boundary, plan.schema, plan.envelope, list(plan.notes), detect, log)
 
+    def notes_of_nothing_read(self, boundary: Boundary) -> list[str]:
+        """The extract's notes of a batch with no offsets to read."""
+        fmt = self.options.message_format
+        return list(self.json_plan(boundary).notes) if fmt == "json" else registry_notes(fmt, set(), set())
+
     def json_plan(self, boundary: Boundary) -> JsonPlan:
         """How JSON values of `boundary` are decoded: the envelope and the payload schema (declared,
         or inferred from a sample). Decided once per boundary: every path of a run decodes alike."""
@@ -349,10 +354,7 @@ class KafkaBatchSource:
             schemas = schemas_by_id(client, ids, message_format=fmt)
             references = references_by_id(client, ids) if fmt == "protobuf" else None
         schema = self.registry_schema(fmt, schemas, references)
-        notes = [f"{fmt}: schema id(s) {sorted(schemas)} from the registry"]
-        unknown = sorted(set(ids) - set(schemas))
-        if unknown:
-            notes.append(f"unknown schema id(s) {unknown}: their records are reported as undecodable")
+        notes = registry_notes(fmt, set(schemas), set(ids) - set(schemas))
         df = decode_registry(raw, fmt, schemas, schema, references)
         return ExtractResult(lambda: df, schema, "flat", notes, raw, decode.rebuildable_columns(self.topic))
 
@@ -537,6 +539,15 @@ def _loads(value: bytes | str | None) -> Any:
         return json.loads(value)
     except (ValueError, UnicodeDecodeError):
         return None  # counted as corrupt by the Spark decode
+
+
+def registry_notes(fmt: str, schemas: set[int], unknown: set[int]) -> list[str]:
+    """The extract's notes of a registry-framed batch: the ids decoded with, and those the registry
+    does not know (their records are bad records)."""
+    notes = [f"{fmt}: schema id(s) {sorted(schemas)} from the registry"]
+    if unknown:
+        notes.append(f"unknown schema id(s) {sorted(unknown)}: their records are reported as undecodable")
+    return notes
 
 
 def late_window(boundary: Boundary, partition: Column, offset: Column, timestamp_ms: Column) -> Column | None:

@@ -50,7 +50,8 @@ class Delivered:
 
 
 class Judged:
-    """A batch judged without producing (a checks-only run): every gate ran, nothing was sent."""
+    """A batch judged without producing (a checks-only run, or a batch with nothing in it): every
+    gate ran, nothing was sent."""
 
 
 JUDGED = Judged()
