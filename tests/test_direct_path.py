@@ -2228,15 +2228,17 @@ def test_both_direct_paths_key_and_delete_by_one_rule():
     SQL direct paths."""
     from dpone_dagster.engine import direct_shape
     from dpone_dagster.manifest.models import KafkaSink
+    from dpone_dagster.shape.keys import unique_key_positions
 
     def sink(strategy: dict, options: dict | None = None) -> KafkaSink:
         return KafkaSink.model_validate({"type": "kafka", "connection_id": "k", "topic": "t", "strategy": strategy, "options": options or {}})
 
     names = ["a", "b", "c"]
-    assert direct_shape.key_columns(sink({"unique_key": ["c", "a"]}), names) == ((2, 0), None)
-    assert direct_shape.key_columns(sink({"unique_key": "b"}, {"key": {"mode": "hash_row"}}), names) == (None, None)
-    assert direct_shape.key_columns(sink({}), names) == (None, None)
-    assert direct_shape.key_columns(sink({"unique_key": ["a", "z"]}), names) == (None, "unique_key column(s) ['z'] not in the batch")
+    assert unique_key_positions(sink({"unique_key": ["c", "a"]}), names) == (2, 0)
+    assert unique_key_positions(sink({"unique_key": "b"}, {"key": {"mode": "hash_row"}}), names) is None
+    assert unique_key_positions(sink({}), names) is None
+    with pytest.raises(ConfigError, match=r"sink.strategy.unique_key: column\(s\) \['z'\] are not in the batch \(columns: \['a', 'b', 'c'\]\)"):
+        unique_key_positions(sink({"unique_key": ["a", "z"]}), names)
     assert direct_shape.delete_mode(sink({"unique_key": "a"}, {"deletes": {"enabled": True, "tombstone": True}})) == "tombstone"
     assert direct_shape.delete_mode(sink({}, {"envelope": "dpone", "deletes": {"enabled": True}})) == "event"
     assert direct_shape.delete_mode(sink({}, {"deletes": {"when_disabled": "skip"}})) == "skip"
@@ -2404,3 +2406,39 @@ def test_a_time_window_without_records_is_judged_on_the_direct_path_as_on_the_sp
         outcomes[path] = outcome_of(result)
     assert outcomes["direct"] == outcomes["spark_sql"]
     assert outcomes["direct"]["boundary"]["late_records"] == 0 and outcomes["direct"]["rows_extracted"] == 0, outcomes["direct"]["boundary"]
+
+
+@pytest.mark.parametrize("schema", ["registered", "inferred from the sample"])
+def test_a_unique_key_column_not_in_the_batch_fails_as_on_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch, schema):
+    """unique_key names a column the payload does not hold. Where the schema is known before the
+    read (the registry's) the direct path fails the run itself, with the Spark SQL path's error;
+    where it was inferred from a sample, which may have missed the column, the batch goes to the
+    Spark SQL path, which widens the schema first. Either way nothing is produced and no offset
+    is stored."""
+    bs = broker.bootstrap_servers
+    if schema == "registered":
+        url, src = registry_topic(bs, monkeypatch)
+        produce_registry(bs, url, src, "avro", shop_rows(20))
+        source_options = "message_format: avro, schema_registry: {enabled: true}, "
+    else:
+        src = unique_topic("dnokey")
+        create_topic(bs, src, 2)
+        produce_json(bs, src, shop_rows(20), partition=0)
+        source_options = ""
+    errors = {}
+    for path in ("direct", "spark_sql"):
+        dst = unique_topic(f"dnokey_{path}")
+        create_topic(bs, dst, 2)
+        text = manifest_text(src, dst, tmp_path / path, "{mode: incremental_merge, unique_key: [order_id, region]}")
+        manifest = parse_manifest(text.replace("options: {group_id:", f"options: {{{source_options}group_id:"))
+        with monkeypatch.context() as patched:
+            patched.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
+            with pytest.raises(ConfigError) as caught:
+                run_pipeline(manifest, spark)
+        result = caught.value.result
+        took = "spark_sql" if path == "spark_sql" or schema != "registered" else ""  # failed before the direct path read
+        assert result.execution_path == took, result.notes
+        assert result.messages_produced == 0 == len(consume_raw(bs, dst, expected=0))
+        assert open_manifest_state_store(manifest).load_offsets(src, f"g_{dst}") == {}
+        errors[path] = str(caught.value)
+    assert errors["direct"] == errors["spark_sql"] and "sink.strategy.unique_key: column(s) ['region'] are not in the batch" in errors["direct"], errors

@@ -77,6 +77,7 @@ from dpone_dagster.engine.stages.load import (
 from dpone_dagster.engine.stages.shape import deletes_disabled
 from dpone_dagster.engine.stages.timing import Log, stage
 from dpone_dagster.engine.time_windows import LateRecordScreen, judge_late_records
+from dpone_dagster.errors import ConfigError
 from dpone_dagster.formats import registry_source
 from dpone_dagster.kafka.boundary import pack_tasks, split_into_tasks
 from dpone_dagster.kafka.config import producer_config
@@ -88,6 +89,7 @@ from dpone_dagster.schema.values import nullable_schema
 from dpone_dagster.shape import message
 from dpone_dagster.shape.envelope import envelope_parts
 from dpone_dagster.shape.headers import HeaderSpec
+from dpone_dagster.shape.keys import unique_key_positions
 from dpone_dagster.sinks.json_encode import NumberKey
 from dpone_dagster.sinks.kafka_messages import refuses_duplicates, uses_dedupe
 from dpone_dagster.sinks.registry import NO_REGISTRY, PreparedSchema
@@ -412,9 +414,12 @@ def _settings(
     reserved = sorted(n for n in names if n.startswith("__dpone__"))
     if reserved:
         return None, None, f"payload fields named like the engine's own columns {reserved}"
-    key_columns, reason = direct_shape.key_columns(sink, names)
-    if reason is not None:
-        return None, None, reason
+    try:
+        key_columns = unique_key_positions(sink, names)
+    except ConfigError:
+        if registry is None and source.options.schema_ is None:  # the Spark SQL path widens an inferred schema first
+            return None, None, "unique_key column(s) not in the schema inferred from the sample"
+        raise
     # Published once per key only where repeated keys are settled (de-duplicated or refused); where
     # every record is published, `unique` on the key is left to Spark SQL, which counts repeats.
     once_per_key = key_columns is not None and (uses_dedupe(sink) or refuses_duplicates(sink))

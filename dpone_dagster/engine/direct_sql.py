@@ -72,6 +72,7 @@ from dpone_dagster.quality.gates import check_stage
 from dpone_dagster.shape import message
 from dpone_dagster.shape.envelope import envelope_parts
 from dpone_dagster.shape.headers import HeaderSpec
+from dpone_dagster.shape.keys import unique_key_positions
 from dpone_dagster.sinks.kafka import ProducerSettings
 from dpone_dagster.sinks.kafka_messages import (
     KEY,
@@ -236,9 +237,7 @@ def _settings(
     arrow = arrow_schema(payload)
     if arrow is None or not names:
         return None, None, "a payload type without an Arrow form"
-    key_columns, reason = direct_shape.key_columns(sink, names)
-    if reason is not None:
-        return None, None, reason
+    key_columns = unique_key_positions(sink, names)
     json_value = options.message_format == "json"
     reason = message.unwritable_type(arrow, key_columns, json_value, options.key.mode == "hash_row")
     if reason is not None:

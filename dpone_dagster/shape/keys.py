@@ -11,7 +11,22 @@ import hashlib
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dpone_dagster.errors import ConfigError
+from dpone_dagster.manifest.models import KafkaSink
 from dpone_dagster.sinks import json_encode
+
+
+def unique_key_positions(sink: KafkaSink, payload: list[str]) -> tuple[int, ...] | None:
+    """The positions in `payload` (the batch's payload columns) of the unique key's columns; None
+    under another key.mode or without unique_key columns. A column not in the batch is a
+    ConfigError naming the manifest's field and the batch's columns, on every path."""
+    columns = sink.strategy.unique_key_columns
+    if sink.options.key.mode != "unique_key" or not columns:
+        return None
+    missing = [c for c in columns if c not in payload]
+    if missing:
+        raise ConfigError(f"sink.strategy.unique_key: column(s) {missing} are not in the batch (columns: {payload})")
+    return tuple(payload.index(c) for c in columns)
 
 
 def unique_key(columns: list[pa.Array], names: list[str], key_columns: tuple[int, ...] | None) -> pa.Array:

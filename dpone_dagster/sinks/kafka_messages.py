@@ -20,8 +20,9 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from dpone_dagster import columns as C
-from dpone_dagster.errors import ConfigError, RunFailed
+from dpone_dagster.errors import RunFailed
 from dpone_dagster.manifest.models import KafkaSink
+from dpone_dagster.shape.keys import unique_key_positions
 from dpone_dagster.spark.json_size import length_bound
 
 if TYPE_CHECKING:
@@ -57,12 +58,8 @@ def sink_key(df: DataFrame, sink: KafkaSink) -> DataFrame:
         canonical = F.to_json(F.struct(*[F.col(c) for c in sorted(payload)]), JSON_WRITE_OPTIONS)
         key = F.sha2(canonical, 256).cast("binary")
     else:
+        unique_key_positions(sink, payload)  # a column not in the batch fails the run
         key_columns = sink.strategy.unique_key_columns
-        missing = [c for c in key_columns if c not in payload]
-        if missing:
-            raise ConfigError(
-                f"sink.strategy.unique_key: column(s) {missing} are not in the batch (columns: {payload})"
-            )
         if not key_columns:
             value = F.lit(None).cast("string")  # seed 001: no unique_key -> the fallback key is null
         elif len(key_columns) == 1:
