@@ -978,9 +978,10 @@ def test_a_late_record_of_a_newer_version_counts_among_the_batchs_versions(broke
     assert direct_letters == sql_letters == 1
 
 
-def test_a_subject_version_the_direct_path_cannot_read_leaves_the_run_to_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch):
+def test_a_subject_version_that_does_not_read_is_left_out_of_the_plan_of_a_batch_without_it(broker, spark, kafka_env, tmp_path, monkeypatch):
     """The subject's first version is not a record (registered by mistake); the batch carries only
-    the record version. The Spark SQL path reads only the batch's versions, so the run succeeds there."""
+    the record version. Both paths plan the batch from the versions it carries, so the run succeeds
+    on the direct path with the Spark SQL path's messages."""
     import json
 
     from confluent_kafka.schema_registry import Schema
@@ -993,8 +994,9 @@ def test_a_subject_version_the_direct_path_cannot_read_leaves_the_run_to_the_spa
     produce_registry(bs, url, src, "avro", shop_rows(40))
     source = "message_format: avro, schema_registry: {enabled: true}"
     (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path, monkeypatch, "{mode: incremental_append, unique_key: order_id}", "", 2, source)
-    assert direct.execution_path == "spark_sql" and direct.status == "success", direct.notes
+    assert direct.execution_path == "direct" and direct.status == "success", direct.notes
     assert messages(direct_records) == messages(sql_records) and len(direct_records) == 40
+    assert direct.notes == sql.notes, (direct.notes, sql.notes)
 
 
 @pytest.mark.parametrize(

@@ -400,8 +400,8 @@ def _settings(
     else:
         try:
             registry = source.registry_plan(planned.boundary)
-        except Exception as exc:  # noqa: BLE001 - a version the direct path cannot read: the Spark SQL path reads only the batch's
-            return None, None, f"the subject's versions could not all be read ({exc})"
+        except Exception:  # noqa: BLE001 - a subject version that does not read (not a record, say): the batch may not carry it
+            registry = None
         if registry is None:  # planned from the batch's own ids, as the Spark SQL path plans every batch
             registry = source.registry_plan_of_ids(batch_ids())
             source.use_registry_plan(planned.boundary, registry)
