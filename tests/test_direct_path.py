@@ -2444,3 +2444,38 @@ def test_a_unique_key_column_not_in_the_batch_fails_as_on_the_spark_sql_path(bro
         assert open_manifest_state_store(manifest).load_offsets(src, f"g_{dst}") == {}
         errors[path] = str(caught.value)
     assert errors["direct"] == errors["spark_sql"] and "sink.strategy.unique_key: column(s) ['region'] are not in the batch" in errors["direct"], errors
+
+
+@pytest.mark.parametrize("publish", [True, False], ids=["run", "checks only"])
+def test_a_column_a_schema_without_evolution_lacks_fails_as_on_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch, publish):
+    """schema_evolution: false and a target subject registered without `tags`: the batch's `tags`
+    would be dropped, so the run fails on the direct path itself, with the Spark SQL path's error,
+    once the schema's id is known (registered, or looked up by a checks-only run); nothing is
+    produced and no offset is stored."""
+    import re
+
+    from confluent_kafka.schema_registry import Schema
+
+    from dpone_dagster.schema.registry import registry_client
+
+    bs = broker.bootstrap_servers
+    url, src = registry_topic(bs, monkeypatch)
+    produce_registry(bs, url, src, "avro", shop_rows(20))
+    narrow = {**SHOP_V1, "fields": [f for f in SHOP_V1["fields"] if f["name"] != "tags"]}
+    errors = {}
+    for path in ("direct", "spark_sql"):
+        dst = unique_topic(f"dunknown_{path}")
+        create_topic(bs, dst, 2)
+        registry_client({"url": url}).register_schema(f"{dst}-value", Schema(json.dumps(narrow), "AVRO"))
+        sink = "message_format: avro, schema_registry: {enabled: true}, schema_evolution: false"
+        text = manifest_text(src, dst, tmp_path / path, "{mode: incremental_append, unique_key: order_id}", sink)
+        manifest = parse_manifest(text.replace("options: {group_id:", "options: {message_format: avro, schema_registry: {enabled: true}, group_id:"))
+        with monkeypatch.context() as patched:
+            patched.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
+            with pytest.raises(ConfigError) as caught:
+                run_pipeline(manifest, spark, RunRequest(publish=publish))
+        assert caught.value.result.execution_path == ("spark_sql" if path == "spark_sql" else "direct"), caught.value.result.notes
+        assert len(consume_raw(bs, dst, expected=0)) == 0
+        assert open_manifest_state_store(manifest).load_offsets(src, f"g_{dst}") == {}
+        errors[path] = re.sub(r"schema id \d+", "schema id N", str(caught.value))
+    assert errors["direct"] == errors["spark_sql"] and "column(s) ['tags'] are not in the registered schema id N" in errors["direct"], errors

@@ -290,13 +290,13 @@ def _copy(
     result.execution_path = "direct"
     if not publish:  # checks only: every gate has been judged
         _remove_spills(spark, jobs, settings, groups)
-        direct_registry.note_unregistered(manifest, prepared, registry_config, result)
+        direct_registry.note_unregistered(manifest, prepared, registry_config, result, settings.schema.names)
         return JUDGED
     producer = producer_settings(manifest, sink_config)
     checkpoint = storing_rule(manifest, planned.checkpoint, result.duplicates_removed, sum(len(o) for o in ordered.values()), result)
     try:
         if prepared is not None:  # every gate passed: the schema may be registered now
-            value_prefix, key_prefix = direct_registry.register(manifest, prepared, registry_config, result)
+            value_prefix, key_prefix = direct_registry.register(manifest, prepared, registry_config, result, settings.schema.names)
             settings = replace(settings, value_prefix=value_prefix, key_prefix=key_prefix)
         else:
             result.schema_evolution = dict(NO_REGISTRY)

@@ -7,8 +7,9 @@ every gate has passed, just before producing; the produce tasks then put the Con
 its id (protobuf: and the message indexes) in front of each value; a type change routed to a new
 column (on_type_change: new_column) moves the column's values there. Registry-encoded keys
 (key.format avro | json_schema) are planned and registered the same way, under the `-key`
-subject. A batch whose schema change routes a nested or key column, deletes with registry-encoded
-keys, or columns the schema cannot take go to the Spark SQL path.
+subject. A batch whose schema change routes a nested or key column, or has columns the evolved
+schema leaves out, goes to the Spark SQL path; columns a schema without evolution lacks fail the run
+once registered, as there.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dpone_dagster.sinks.registry import (
     prepare_registry_schema,
     register_prepared,
 )
-from dpone_dagster.spark.registry_codec import KeyEncoding, writer_schema
+from dpone_dagster.spark.registry_codec import KeyEncoding, refuse_unknown_columns, writer_schema
 
 FORMATS = ("json", *registry_values.FORMATS)  # sink formats the direct path writes
 
@@ -53,11 +54,14 @@ def prepare(manifest: Manifest, payload: StructType, registry_config: dict[str, 
     prepared = prepare_registry_schema(manifest, nullable_schema(payload), registry_config)
     if any("." in column for column, _ in routes_of(prepared)):
         return None, "a type change of a nested column routed to a new column (on_type_change: new_column)"
-    fields = set(writer_schema(fmt, prepared.schema_str, list(prepared.message_indexes or []) or None, prepared.references).names)
-    unknown = sorted(set(payload.names) - fields)
-    if unknown:
-        return None, f"column(s) {unknown} the registered schema does not hold"
-    return prepared, None
+    unknown = sorted(set(payload.names) - set(_writer(prepared).names))
+    if unknown and prepared.evolution is not None:  # columns the evolution leaves out: the Spark SQL path drops them
+        return None, f"column(s) {unknown} the evolved schema does not hold"
+    return prepared, None  # without evolution, unknown columns fail the run once the schema's id is known (register)
+
+
+def _writer(prepared: PreparedSchema) -> StructType:
+    return writer_schema(prepared.fmt, prepared.schema_str, list(prepared.message_indexes or []) or None, prepared.references)
 
 
 def routes_of(prepared: PreparedSchema | None) -> tuple[tuple[str, str], ...]:
@@ -83,22 +87,31 @@ def key_frame_bytes(key: KeyEncoding | None) -> int:
     return len(frame(0, b"")) if key is not None else 0
 
 
-def note_unregistered(manifest: Manifest, prepared: PreparedSchema | None, registry_config: dict[str, Any] | None, result: RunResult) -> None:
+def note_unregistered(
+    manifest: Manifest, prepared: PreparedSchema | None, registry_config: dict[str, Any] | None, result: RunResult, payload: list[str]
+) -> None:
     """What a checks-only run notes of the sink's schema, as the Spark SQL path notes it: planned,
-    not registered (looked up without auto_register_schemas; no registry for a JSON sink)."""
+    not registered (looked up without auto_register_schemas; no registry for a JSON sink).
+    `payload`: the batch's payload columns, each of which the schema must hold."""
     if prepared is None:
         result.schema_evolution = dict(NO_REGISTRY)
         return
     assert registry_config is not None
-    result.schema_evolution = plan_unregistered(manifest, prepared, registry_config).as_dict()
+    plan = plan_unregistered(manifest, prepared, registry_config)
+    result.schema_evolution = plan.as_dict()
+    refuse_unknown_columns(_writer(prepared), payload, plan.schema_id)
 
 
-def register(manifest: Manifest, prepared: PreparedSchema, registry_config: dict[str, Any] | None, result: RunResult) -> tuple[bytes, bytes]:
+def register(
+    manifest: Manifest, prepared: PreparedSchema, registry_config: dict[str, Any] | None, result: RunResult, payload: list[str]
+) -> tuple[bytes, bytes]:
     """Register the prepared schema (and the key subject's); the frames every value and key get
-    (no key frame when keys are not registry-encoded)."""
+    (no key frame when keys are not registry-encoded). A column of `payload` (the batch's) the
+    schema does not hold fails the run here, after registering, as on the Spark SQL path."""
     assert registry_config is not None
     plan = register_prepared(manifest, prepared, registry_config)
     result.schema_evolution = plan.as_dict()
+    refuse_unknown_columns(_writer(prepared), payload, plan.schema_id)
     return value_frame(prepared, plan.schema_id), frame(plan.key.schema_id, b"") if plan.key is not None else b""
 
 

@@ -210,13 +210,13 @@ def copy(
     result.duplicates_removed = removed
     if not publish:  # checks only: every gate has been judged
         store.remove(settings, log)
-        direct_registry.note_unregistered(manifest, prepared, registry_config, result)
+        direct_registry.note_unregistered(manifest, prepared, registry_config, result, list(settings.names))
         return JUDGED
     if prepared is None:
         result.schema_evolution = dict(NO_REGISTRY)
     try:
         if prepared is not None:  # every gate passed: the schema may be registered now
-            value_prefix, key_prefix = direct_registry.register(manifest, prepared, registry_config, result)
+            value_prefix, key_prefix = direct_registry.register(manifest, prepared, registry_config, result, list(settings.names))
             settings = replace(settings, value_prefix=value_prefix, key_prefix=key_prefix)
         with stage(result, "load", log):
             stats = aggregate(_produce(store, settings, manifest, sink_config, reports, settled, result, log))

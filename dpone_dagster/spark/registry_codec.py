@@ -61,6 +61,17 @@ def writer_schema(fmt: str, schema_str: str, message_indexes: Sequence[int] | No
     raise ConfigError(f"message_format {fmt!r} does not use the Schema Registry")
 
 
+def refuse_unknown_columns(target: T.StructType, payload_columns: Sequence[str], schema_id: int) -> None:
+    """A payload column the registered schema `target` does not hold fails the run, on every path
+    (its values would be dropped)."""
+    unknown = [c for c in payload_columns if c not in target.names]
+    if unknown:
+        raise ConfigError(
+            f"column(s) {unknown} are not in the registered schema id {schema_id}; plan the schema "
+            "evolution (sink.options.schema_evolution) so that they are added, or drop them"
+        )
+
+
 def key_schema(schema: T.StructType, columns: Sequence[str]) -> T.StructType:
     """The struct of the key columns (to build the `-key` subject's schema)."""
     by_name = {f.name: f for f in schema.fields}
@@ -302,12 +313,7 @@ def encode_registry(
     null when all its columns are null. An encoding error fails the task: a sink never drops rows.
     """
     target = writer_schema(fmt, schema_str, message_indexes, references)
-    unknown = [c for c in payload_columns if c not in target.names]
-    if unknown:
-        raise ConfigError(
-            f"column(s) {unknown} are not in the registered schema id {schema_id}; plan the schema "
-            "evolution (sink.options.schema_evolution) so that they are added, or drop them"
-        )
+    refuse_unknown_columns(target, payload_columns, schema_id)
     if key is not None and key.fmt not in ("avro", "json_schema", "protobuf"):
         raise ConfigError(f"key.format {key.fmt!r} is not a registry format")
     replaced = {value_column} | ({key_column} if key is not None else set())
