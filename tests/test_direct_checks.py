@@ -82,11 +82,20 @@ def test_freshness_takes_the_newest_value_left_and_says_when_it_cannot():
     assert arrow_checks.measured(checks, tally, "extracted", {}).newest[1] == 1_704_758_400_000_000  # 2024-01-09: i % 9 == 8
     # The newest left out: the next one is among the kept values.
     assert arrow_checks.measured(checks, tally, "published", {0: np.array([199])}).newest[0] == 198 * 1_000_000
-    # Every kept value left out: the newest left cannot be told from what was kept.
     # Every kept value left out: the newest left cannot be told from what was kept; the check is
     # left to Spark SQL on the decoded rows.
     every = {0: np.arange(200 - arrow_checks.NEWEST_KEPT, 200)}
     assert arrow_checks.measured(checks, tally, "published", every).checks == set()
+
+
+def test_freshness_texts_are_read_as_spark_casts_them_or_left_unsettled():
+    """With a zone, its instant; without one (a time or a date), a wall time in UTC; both kinds in
+    one column, each its own way. A text Arrow does not read is not guessed at."""
+    texts = pa.array(["2024-01-15T10:00:00", "2024-02-15T10:00:00+02:00", None, "2024-03-15T10:00:00Z", "2024-03-15 10:00:00.5-0130", "2024-04-01"])
+    micros = arrow_checks._micros(texts).to_pylist()
+    assert micros == [1_705_312_800_000_000, 1_707_984_000_000_000, None, 1_710_496_800_000_000, 1_710_502_200_500_000, 1_711_929_600_000_000]
+    with pytest.raises(arrow_checks.Unsettled):
+        arrow_checks._micros(pa.array(["2024-01-15T10:00:00", "not a time", "2024-01-15T10:00:00Z"]))
 
 
 def test_skipped_deletes_count_for_an_extracted_freshness_only():
@@ -349,3 +358,19 @@ def test_a_batch_that_reads_again_otherwise_goes_to_the_spark_sql_path(broker, s
     result = run_pipeline(manifest, spark)
     assert result.execution_path == "spark_sql" and any("holds 20 record(s), not the 21" in n for n in result.notes), result.notes
     assert sorted(r["key"] for r in consume_raw(bs, dst)) == sorted(str(i).encode() for i in range(20))
+
+
+def test_freshness_of_texts_with_and_without_a_zone_is_judged_on_the_direct_path(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """A text column of ISO-8601 times, some with a zone (Z, +02:00, -0130) and some without (a
+    wall time in UTC, a date): the tasks read each as Spark casts it, and the newest is the one
+    the Spark SQL path finds (here a zoned one that is newest only as an instant)."""
+    bs = broker.bootstrap_servers
+    src = unique_topic("czone")
+    create_topic(bs, src, 1)
+    seen = ["2024-01-15T10:00:00", "2024-03-15T23:30:00-0130", "2024-03-16T00:30:00+02:00", "2024-03-16", None, "2024-03-15T10:00:00Z"]
+    produce_json(bs, src, [{"order_id": i, "seen": s} for i, s in enumerate(seen)], partition=0)
+    quality = "  mode: warn\n  checks: [{type: freshness, column: seen, max_age_seconds: 60}]"
+    direct, sql = run_on_both(bs, spark, src, tmp_path, monkeypatch, "{mode: incremental_append, unique_key: order_id}", quality)
+    assert direct.execution_path == "direct" and sql.execution_path == "spark_sql", direct.notes
+    assert [comparable(g) for g in direct.gates] == [comparable(g) for g in sql.gates]
+    assert direct.gates[0]["description"].startswith("newest seen is 2024-03-16T01:00:00+00:00"), direct.gates

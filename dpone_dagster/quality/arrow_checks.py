@@ -191,21 +191,36 @@ def measure(
             _keep_samples(tally, check.index, columns, names, partition, offsets_np, offending_any)
 
 
+# An ISO-8601 time with a zone: Z or an offset (+hh, +hhmm, +hh:mm) after the time of day.
+_ZONED = r"\d\d:\d\d(:\d\d(\.\d*)?)?(Z|[+-]\d\d(:?\d\d)?)$"
+
+
 def _micros(column: pa.Array) -> pa.Array:
     """Epoch microseconds of a timestamp, date or ISO-8601 string column, as the Spark SQL path
     casts it in the engine's UTC session; a string that does not parse raises Unsettled."""
     if pa.types.is_string(column.type):
-        for target in (pa.timestamp("us"), pa.timestamp("us", "UTC")):
-            try:
-                column = pc.cast(column, target)
-                break
-            except pa.ArrowInvalid:
-                continue
-        else:
-            raise Unsettled("a freshness value the task does not parse as the Spark SQL path would")
+        return _text_micros(column)
     if pa.types.is_date(column.type):
         column = pc.cast(column, pa.timestamp("us"))
     return pc.cast(pc.cast(column, pa.timestamp("us", column.type.tz)), pa.int64())
+
+
+def _text_micros(column: pa.Array) -> pa.Array:
+    """ISO-8601 texts with and without a zone, each read as Spark casts it: a zone's instant, or
+    a wall time in UTC (the session's zone). Arrow reads a column of one kind in one cast; a
+    column of both kinds is read a kind at a time."""
+    for target in (pa.timestamp("us"), pa.timestamp("us", "UTC")):
+        try:
+            return pc.cast(pc.cast(column, target), pa.int64())
+        except pa.ArrowInvalid:
+            continue
+    zoned = pc.fill_null(pc.match_substring_regex(column, _ZONED), False)
+    try:
+        with_zone = pc.cast(pc.cast(pc.if_else(zoned, column, None), pa.timestamp("us", "UTC")), pa.int64())
+        wall = pc.cast(pc.cast(pc.if_else(zoned, None, column), pa.timestamp("us")), pa.int64())
+    except pa.ArrowInvalid:
+        raise Unsettled("a freshness value the task does not parse as the Spark SQL path would") from None
+    return pc.if_else(zoned, with_zone, wall)
 
 
 def _keep_positions(tally: Tally, key: tuple, partition: int, offsets: np.ndarray, kept_at_all: bool) -> None:
