@@ -202,21 +202,21 @@ def test_nan_and_infinities_are_written_as_the_spark_sql_path_writes_them(broker
     assert any(b'"rate":"NaN"' in r["value"] for r in direct_records)
 
 
-def test_what_only_the_spark_sql_path_decides_goes_there(broker, spark, kafka_env, db, tmp_path):
-    """A double Java prints otherwise than the shortest digits: the batch is read again by the
-    Spark SQL path, which decides as it always did; nothing was produced by the first attempt."""
+def test_numbers_java_prints_otherwise_than_the_shortest_are_printed_by_spark(broker, spark, kafka_env, db, tmp_path, monkeypatch):
+    """Doubles from 1e16, reals from 1e7 and powers of two below 1e-3, which Java 17 may print
+    with more digits than the shortest: the scan meets them, Spark prints them on the driver and
+    the batch is scanned again with their texts, on the direct path; the messages are the Spark
+    SQL path's and nothing of the first scan is left behind."""
     create_orders(db)
-    execute(db, "UPDATE orders SET rate = 1e20 WHERE order_id = 7")
-    dst = unique_topic("sqld_large_double")
-    create_topic(broker.bootstrap_servers, dst, 2)
-    m = parse_manifest(manifest_text(dst, tmp_path, "{mode: incremental_append, unique_key: order_id}"))
-    result = run_pipeline(m, spark)
-    assert result.execution_path == "spark_sql"
-    assert any("a double Java 17 may print otherwise than the shortest digits" in n for n in result.notes), result.notes
-    assert not kept_directory_exists(spark, result.run_id), "the first attempt's kept files outlived it"
-    records = consume_raw(broker.bootstrap_servers, dst)
-    assert len(records) == 300
-    assert any(b'"rate":1.0E20' in r["value"] for r in records)
+    execute(db, "UPDATE orders SET rate = 1e20 WHERE order_id = 7", "UPDATE orders SET rate = power(2::float8, -20) WHERE order_id = 8", "UPDATE orders SET ratio = 12345678 WHERE order_id = 9")
+    (direct, direct_records), (sql, sql_records) = run_both(
+        broker.bootstrap_servers, spark, tmp_path, monkeypatch, "{mode: incremental_append, unique_key: order_id}"
+    )
+    assert (direct.execution_path, sql.execution_path) == ("direct", "spark_sql"), direct.notes
+    assert not kept_directory_exists(spark, direct.run_id), "a scan's kept files outlived it"
+    assert len(direct_records) == 300 and messages(direct_records) == messages(sql_records)
+    values = {json.loads(r["value"])["order_id"]: r["value"] for r in direct_records}
+    assert b'"rate":1.0E20' in values[7] and b'"rate":9.5367431640625E-7' in values[8] and b'"ratio":1.2345678E7' in values[9], (values[7], values[8], values[9])
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Generator, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Generator, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +28,8 @@ from dpone_dagster.direct.spill import SpillWriter, remove_file, run_directory, 
 from dpone_dagster.shape import headers as message_headers
 from dpone_dagster.shape import message
 from dpone_dagster.shape.headers import HeaderSpec
+from dpone_dagster.sinks import json_encode
+from dpone_dagster.sinks.json_encode import NumberKey
 from dpone_dagster.sinks.kafka import ProducerSettings, produce_batches
 
 MESSAGES = pa.schema([("key", pa.binary()), ("value", pa.binary())])
@@ -65,6 +67,9 @@ class SqlSettings:
     # Row numbers of messages over message.max.bytes one task lists (engine/direct_sql
     # .MAX_OVERSIZED_LISTED): past them it lists none, and the driver hands the batch over.
     max_oversized_listed: int | None = None
+    # Numbers Java 17 may print otherwise than the shortest digits, as Spark printed them
+    # (spark/printed_numbers.py): the scan met them without a text and the driver had Spark print them.
+    spark_numbers: Mapping[NumberKey, str] = field(default_factory=dict)
 
     @property
     def keeps_order(self) -> bool:
@@ -87,6 +92,7 @@ class SqlReport:
     hashes: TaskHashes | None = None
     partition: int = 0  # the Spark partition scanned; kept messages are named by it
     unhashed: bool = False  # more keyed rows than the task hashes (max_hashes): none reported
+    numbers: frozenset[NumberKey] = frozenset()  # numbers met without Spark's text (written as 0.0 meanwhile)
 
 
 def scan(settings: SqlSettings, partition: int, batches: Iterator[pa.RecordBatch]) -> SqlReport:
@@ -112,52 +118,58 @@ def messages_of(settings: SqlSettings, batches: Iterator[pa.RecordBatch]) -> Gen
     hashes: list[np.ndarray] = []
     refused, unhashed = None, False
     rule, names = settings.rule, list(settings.names)
-    for batch in batches:
-        rows += batch.num_rows
-        if settings.max_rows is not None and rows > settings.max_rows:
-            refused = f"more than {settings.max_rows:,} rows in one scan task (twice the rows counted when planning, or a share of the bound where none were)"
-            break  # Spark ends the read with the task
-        is_delete = deletes_of(batch)
-        found = int(pc.sum(is_delete).as_py() or 0)
-        deletes += found
-        if found and leaves_out_deletes(rule):  # left out (fail: the driver fails the run)
-            batch, is_delete = batch.filter(pc.invert(is_delete)), is_delete.filter(pc.invert(is_delete))
-        if refused is not None or not batch.num_rows:
-            continue
-        columns = [batch.column(n) for n in names]
-        try:
-            key, value = message.key_and_value(rule, columns, names, is_delete, None)
-            sent_key = message.registry_key(rule, columns, names)
-        except message.Unwritable as exc:
-            refused = str(exc)
-            continue
-        missing = key.null_count
-        if missing:  # judged by the driver as the Spark SQL path judges them (engine/stages/shape.py)
-            upserts = int(pc.sum(pc.and_(pc.is_null(key), pc.invert(is_delete))).as_py() or 0)
-            tombstones = missing - upserts if rule.deletes == "tombstone" else 0
-            keyless += upserts if rule.key_columns is not None else 0
-            keyless_deletes += tombstones  # the rest are delete events, published unsettled
-        sizes = pc.add(sent_size(key if sent_key is None else sent_key, settings.key_frame_bytes), sent_size(value, settings.value_frame_bytes))
-        over = pc.greater(sizes, settings.max_message_bytes - settings.header_bytes).to_numpy(zero_copy_only=False)
-        oversized += int(over.sum())
-        if settings.max_oversized_listed is None or oversized <= settings.max_oversized_listed:
-            oversized_rows.extend(int(r) + messages for r in np.flatnonzero(over))
-        else:
-            oversized_rows.clear()
-        if settings.hashed and not unhashed:
-            if settings.max_hashes is not None and messages + batch.num_rows > settings.max_hashes:
-                unhashed, hashes = True, []
+    with json_encode.spark_numbers(settings.spark_numbers, collect=True) as numbers:
+        for batch in batches:
+            rows += batch.num_rows
+            if refused is None and len(numbers.unknown or ()) > json_encode.MAX_UNPRINTED:
+                refused = json_encode.TOO_MANY_UNPRINTED
+            if settings.max_rows is not None and rows > settings.max_rows:
+                refused = f"more than {settings.max_rows:,} rows in one scan task (twice the rows counted when planning, or a share of the bound where none were)"
+                break  # Spark ends the read with the task
+            is_delete = deletes_of(batch)
+            found = int(pc.sum(is_delete).as_py() or 0)
+            deletes += found
+            if found and leaves_out_deletes(rule):  # left out (fail: the driver fails the run)
+                batch, is_delete = batch.filter(pc.invert(is_delete)), is_delete.filter(pc.invert(is_delete))
+            if refused is not None or not batch.num_rows:
+                continue
+            columns = [batch.column(n) for n in names]
+            try:
+                key, value = message.key_and_value(rule, columns, names, is_delete, None)
+                sent_key = message.registry_key(rule, columns, names)
+            except message.Unwritable as exc:
+                refused = str(exc)
+                continue
+            missing = key.null_count
+            if missing:  # judged by the driver as the Spark SQL path judges them (engine/stages/shape.py)
+                upserts = int(pc.sum(pc.and_(pc.is_null(key), pc.invert(is_delete))).as_py() or 0)
+                tombstones = missing - upserts if rule.deletes == "tombstone" else 0
+                keyless += upserts if rule.key_columns is not None else 0
+                keyless_deletes += tombstones  # the rest are delete events, published unsettled
+            sizes = pc.add(sent_size(key if sent_key is None else sent_key, settings.key_frame_bytes), sent_size(value, settings.value_frame_bytes))
+            over = pc.greater(sizes, settings.max_message_bytes - settings.header_bytes).to_numpy(zero_copy_only=False)
+            oversized += int(over.sum())
+            if settings.max_oversized_listed is None or oversized <= settings.max_oversized_listed:
+                oversized_rows.extend(int(r) + messages for r in np.flatnonzero(over))
             else:
-                hashes.append(keyed_hashes(key))  # keys are told apart by their text, as on the Spark SQL path
-        kept, kept_names = [key, value], list(MESSAGES.names)
-        if settings.keeps_order:
-            kept, kept_names = [*kept, batch.column(C.ORDER)], [*kept_names, ORDER]
-        if sent_key is not None:
-            kept, kept_names = [*kept, sent_key], [*kept_names, SENT_KEY]
-        yield pa.RecordBatch.from_arrays(kept, names=kept_names)
-        messages += batch.num_rows
+                oversized_rows.clear()
+            if settings.hashed and not unhashed:
+                if settings.max_hashes is not None and messages + batch.num_rows > settings.max_hashes:
+                    unhashed, hashes = True, []
+                else:
+                    hashes.append(keyed_hashes(key))  # keys are told apart by their text, as on the Spark SQL path
+            kept, kept_names = [key, value], list(MESSAGES.names)
+            if settings.keeps_order:
+                kept, kept_names = [*kept, batch.column(C.ORDER)], [*kept_names, ORDER]
+            if sent_key is not None:
+                kept, kept_names = [*kept, sent_key], [*kept_names, SENT_KEY]
+            yield pa.RecordBatch.from_arrays(kept, names=kept_names)
+            messages += batch.num_rows
     hashed = TaskHashes.of(hashes) if settings.hashed and not unhashed and refused is None else None
-    return SqlReport("", rows, deletes, messages, keyless, keyless_deletes, oversized, tuple(oversized_rows), refused, hashed, unhashed=unhashed)
+    return SqlReport(
+        "", rows, deletes, messages, keyless, keyless_deletes, oversized, tuple(oversized_rows), refused, hashed,
+        unhashed=unhashed, numbers=frozenset(numbers.unknown or ()),
+    )
 
 
 def deletes_of(batch: pa.RecordBatch) -> pa.Array:

@@ -141,8 +141,6 @@ class Undecodable(Refused):
 
 UNPLANNED = "schema id(s) outside the plan"
 UNPRINTED = "numbers Spark has not printed yet"
-# Distinct such numbers a task collects; past them the batch goes to the Spark SQL path.
-MAX_UNPRINTED = 100_000
 
 
 class UnplannedIds(Refused):
@@ -412,8 +410,8 @@ def _scan(settings: DirectSettings, slices: list[Slice], numbers: json_encode.Sp
                     kept[-1] = (piece, kept[-1][1] + messages.num_rows)
                     rows += messages.num_rows + (found if settings.deletes == "skip" else 0)
                     size += int(pc.sum(lengths).as_py() or 0)
-                    if len(numbers.unknown or ()) > MAX_UNPRINTED:
-                        raise Refused(f"more than {MAX_UNPRINTED:,} distinct numbers Java 17 may print otherwise than the shortest digits, in a task")
+                    if len(numbers.unknown or ()) > json_encode.MAX_UNPRINTED:
+                        raise Refused(json_encode.TOO_MANY_UNPRINTED)
     except UnplannedIds as exc:  # the ids of what is left are read without decoding
         return ScanReport(rows, size, str(exc), schema_ids=frozenset(ids | schema_ids_of(settings.reader, unread)))
     except Refused as exc:

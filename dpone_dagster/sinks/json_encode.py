@@ -118,6 +118,10 @@ class SparkNumbers:
     unknown: set[NumberKey] | None = None
 
 
+# Distinct such numbers one scan task collects; past them the batch goes to the Spark SQL path.
+MAX_UNPRINTED = 100_000
+TOO_MANY_UNPRINTED = f"more than {MAX_UNPRINTED:,} distinct numbers Java 17 may print otherwise than the shortest digits, in a task"
+
 _SPARK_NUMBERS: ContextVar[SparkNumbers | None] = ContextVar("spark_numbers", default=None)
 
 
