@@ -473,14 +473,6 @@ RULE_CASES: list[Any] = [
     ),
     pytest.param(
         kafka_base(),
-        {"sink": {"options": {"message_format": "avro", "schema_registry": {"enabled": True}, "key": {"format": "avro"}}}},
-        "sink.options.key.format",
-        "key.format: avro writes the record of the unique key's columns, but sink.strategy.unique_key is not "
-        "set: every message would carry the same empty key; set unique_key, or use key.format: string",
-        id="registry-key-without-unique_key",
-    ),
-    pytest.param(
-        kafka_base(),
         {"sink": {"options": {**TOMBSTONE, "key": {"mode": "unique_key"}}}},
         "sink.options.deletes.tombstone",
         "tombstones need a non-null key, but key.mode: unique_key has no sink.strategy.unique_key; "

@@ -110,16 +110,6 @@ def _key_and_delete_rules(m: Manifest) -> list[Problem]:
                     "sink.strategy.unique_key; set unique_key or use key.mode: hash_row",
                 )
             )
-    registry_key = options.key.format in ("avro", "json_schema") and options.message_format in ("avro", "json_schema")
-    if registry_key and options.key.mode == "unique_key" and not m.sink.strategy.unique_key_columns:
-        out.append(
-            Problem(
-                "sink.options.key.format",
-                f"key.format: {options.key.format} writes the record of the unique key's columns, but "
-                "sink.strategy.unique_key is not set: every message would carry the same empty key; "
-                "set unique_key, or use key.format: string",
-            )
-        )
     if options.deletes.tombstone and options.key.mode == "null":
         out.append(
             Problem(
