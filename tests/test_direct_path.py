@@ -2412,11 +2412,10 @@ def test_a_time_window_without_records_is_judged_on_the_direct_path_as_on_the_sp
 
 @pytest.mark.parametrize("schema", ["registered", "inferred from the sample"])
 def test_a_unique_key_column_not_in_the_batch_fails_as_on_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch, schema):
-    """unique_key names a column the payload does not hold. Where the schema is known before the
-    read (the registry's) the direct path fails the run itself, with the Spark SQL path's error;
-    where it was inferred from a sample, which may have missed the column, the batch goes to the
-    Spark SQL path, which widens the schema first. Either way nothing is produced and no offset
-    is stored."""
+    """unique_key names a column the payload does not hold: the direct path leaves the batch to the
+    Spark SQL path (which widens an inferred schema first, and succeeds on a batch without rows to
+    publish), and both fail with the one rule's error (shape/keys.unique_key_positions); nothing
+    is produced and no offset is stored."""
     bs = broker.bootstrap_servers
     if schema == "registered":
         url, src = registry_topic(bs, monkeypatch)
@@ -2438,8 +2437,7 @@ def test_a_unique_key_column_not_in_the_batch_fails_as_on_the_spark_sql_path(bro
             with pytest.raises(ConfigError) as caught:
                 run_pipeline(manifest, spark)
         result = caught.value.result
-        took = "spark_sql" if path == "spark_sql" or schema != "registered" else ""  # failed before the direct path read
-        assert result.execution_path == took, result.notes
+        assert result.execution_path == "spark_sql", result.notes
         assert result.messages_produced == 0 == len(consume_raw(bs, dst, expected=0))
         assert open_manifest_state_store(manifest).load_offsets(src, f"g_{dst}") == {}
         errors[path] = str(caught.value)
@@ -2479,3 +2477,39 @@ def test_a_column_a_schema_without_evolution_lacks_fails_as_on_the_spark_sql_pat
         assert open_manifest_state_store(manifest).load_offsets(src, f"g_{dst}") == {}
         errors[path] = re.sub(r"schema id \d+", "schema id N", str(caught.value))
     assert errors["direct"] == errors["spark_sql"] and "column(s) ['tags'] are not in the registered schema id N" in errors["direct"], errors
+
+
+def test_a_batch_of_bad_records_only_is_judged_on_the_direct_path_as_on_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """Every record of the batch is corrupt and goes to the dead-letter topic: no row is left to
+    publish, so neither path shapes, registers the Avro sink's schema or produces; both report
+    the same outcome, send the same letters and store the same offsets."""
+    from dpone_dagster.schema.registry import registry_client
+
+    bs = broker.bootstrap_servers
+    url = f"mock://{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", url)
+    src = unique_topic("dbadonly")
+    create_topic(bs, src, 2)
+    produce_json(bs, src, [b"{not json", b'{"order_id": 1', b"\xff\xfe"] * 4, partition=0)
+    outcomes, letters, stored = {}, {}, {}
+    for path in ("direct", "spark_sql"):
+        dst, dlq = unique_topic(f"dbadonly_{path}"), unique_topic(f"dbadonly_l_{path}")
+        create_topic(bs, dst, 2)
+        create_topic(bs, dlq, 1)
+        text = manifest_text(src, dst, tmp_path / path, "{mode: incremental_append, unique_key: order_id}", "message_format: avro, schema_registry: {enabled: true}")
+        declared = "schema: [{name: order_id, type: long}]"  # an inferred schema of no field takes the Spark SQL path
+        manifest = parse_manifest(text.replace("options: {group_id:", f"options: {{{declared}, on_error: dead_letter, dead_letter: {{topic: {dlq}}}, group_id:"))
+        with monkeypatch.context() as patched:
+            patched.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
+            result = run_pipeline(manifest, spark)
+        assert result.execution_path == path, result.notes
+        assert result.messages_produced == 0 == len(consume_raw(bs, dst, expected=0))
+        outcomes[path] = {**outcome_of(result), "notes": [n.replace(dlq, "<dead-letter topic>") for n in result.notes]}
+        own = ("dpone.error.run_id", "dpone.error.pipeline")
+        letters[path] = sorted((r["value"], tuple((k, v) for k, v in r["headers"] if k not in own)) for r in consume_raw(bs, dlq, expected=12))
+        stored[path] = open_manifest_state_store(manifest).load_offsets(src, f"g_{dst}")
+    assert outcomes["direct"] == outcomes["spark_sql"]
+    assert outcomes["direct"]["rows_dead_lettered"] == 12 and outcomes["direct"]["schema_evolution"] is None, outcomes["direct"]
+    assert letters["direct"] == letters["spark_sql"] and len(letters["direct"]) == 12
+    assert stored["direct"] == stored["spark_sql"] == {0: 12, 1: 0}
+    assert registry_client({"url": url}).get_subjects() == []

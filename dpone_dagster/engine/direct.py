@@ -62,7 +62,7 @@ from dpone_dagster.engine.direct_load import (
     produce_ordered,
     storing_rule,
 )
-from dpone_dagster.engine.nothing_read import nothing_planned
+from dpone_dagster.engine.nothing_read import nothing_planned, nothing_to_publish
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.stages.gates import pre_publish_gates
@@ -211,7 +211,7 @@ def _copy(
             reader = source.reader_settings()
             return set().union(*jobs.in_tasks(groups, lambda g: task.schema_ids_of(reader, g), read_bound, "reading the batch's schema ids"))
 
-        settings, prepared, reason = _settings(manifest, planned, sink_config, result.run_id, registry_config, batch_ids)
+        settings, prepared, reason = _settings(manifest, planned, sink_config, result.run_id, registry_config, batch_ids, log)
     if reason is not None:
         if scan > 1:  # the plan changed by the first scan is one the direct path does not run
             result.notes.append(f"direct path: the batch went to the Spark SQL path: {reason}")
@@ -242,6 +242,7 @@ def _copy(
                 total = judge_late_records(planned.source.policy, late, result, log)
                 if total and settings.hold_back_late:  # left out by the scan; sent before the state moves
                     planned.source.hold_back(spark, boundary, total, {w: n for w, n in late.items() if n}, log)
+            result.notes.extend(source_notes)  # where the Spark SQL path's extract puts them (an attempt taken back drops them)
             bad = BadRecords(manifest, spark, planned, reports, sink_config)
             bad.judge_undecodable(result, settings.schema)
         rows = result.rows_extracted = sum(r.rows for r in reports)
@@ -256,6 +257,12 @@ def _copy(
 
         rows_extracted = decoded_rows(undecodable, False, rows - bad.count("undecodable"))
         _gates(manifest, planned, settings, tally, {}, result, rows, "quality_pre", "extracted", log, rows_extracted)
+        if rows - result.rows_dead_lettered - result.rows_skipped == 0:  # as on the Spark SQL path: no shape, nothing registered
+            _remove_spills(spark, jobs, settings, groups)
+            nothing_to_publish(manifest, planned, result, log)
+            if publish:
+                publish_dead_letters(bad.letters, result, log)
+            return JUDGED
         with stage(result, "shape", log):
             deletes = sum(r.deletes for r in reports)
             if deletes and settings.deletes == "fail":
@@ -285,7 +292,6 @@ def _copy(
     except BaseException:
         _remove_spills(spark, jobs, settings, groups)
         raise
-    result.notes.extend(source_notes)
     result.duplicates_removed = removed - result.deletes_skipped - bad.left_out
     result.execution_path = "direct"
     if not publish:  # checks only: every gate has been judged
@@ -385,6 +391,7 @@ def _settings(
     run_id: str,
     registry_config: dict | None,
     batch_ids: Callable[[], set[int]],
+    log: Log,
 ) -> tuple[task.DirectSettings | None, PreparedSchema | None, str | None]:
     """The tasks' settings from the batch's JSON plan (and the sink's prepared Avro schema), or why
     the direct path cannot decode or encode it. `batch_ids`: the schema ids the batch carries
@@ -400,7 +407,8 @@ def _settings(
     else:
         try:
             registry = source.registry_plan(planned.boundary)
-        except Exception:  # noqa: BLE001 - a subject version that does not read (not a record, say): the batch may not carry it
+        except Exception as exc:  # noqa: BLE001 - a subject version that does not read (not a record, say): the batch may not carry it
+            log(f"extract: the subject's versions could not all be read ({exc}); planning from the batch's schema ids")
             registry = None
         if registry is None:  # planned from the batch's own ids, as the Spark SQL path plans every batch
             registry = source.registry_plan_of_ids(batch_ids())
@@ -416,10 +424,8 @@ def _settings(
         return None, None, f"payload fields named like the engine's own columns {reserved}"
     try:
         key_columns = unique_key_positions(sink, names)
-    except ConfigError:
-        if registry is None and source.options.schema_ is None:  # the Spark SQL path widens an inferred schema first
-            return None, None, "unique_key column(s) not in the schema inferred from the sample"
-        raise
+    except ConfigError as exc:  # the Spark SQL path decides (a batch without rows to publish succeeds there)
+        return None, None, str(exc)
     # Published once per key only where repeated keys are settled (de-duplicated or refused); where
     # every record is published, `unique` on the key is left to Spark SQL, which counts repeats.
     once_per_key = key_columns is not None and (uses_dedupe(sink) or refuses_duplicates(sink))

@@ -64,6 +64,7 @@ from dpone_dagster.engine.stages.gates import pre_publish_gates
 from dpone_dagster.engine.stages.load import JUDGED, Delivered, Judged, check_delivery, producer_settings
 from dpone_dagster.engine.stages.shape import deletes_disabled
 from dpone_dagster.engine.stages.timing import Log, stage
+from dpone_dagster.errors import ConfigError
 from dpone_dagster.formats.registry_source import arrow_schema
 from dpone_dagster.kafka.config import producer_config
 from dpone_dagster.kafka.delivery import aggregate
@@ -152,7 +153,7 @@ def copy(
         log(f"direct path: not taken ({reason})")
         return None
     extracted = planned.source.extract(spark, planned.boundary, log)
-    if getattr(planned.boundary, "empty", False):  # counted empty when planning: nothing is read
+    if getattr(planned.boundary, "empty", False) and planned.boundary.method != "full":  # nothing between its bounds
         return nothing_planned(manifest, planned, result, extracted.notes, log)
     frame = extracted.df
     settings, prepared, reason = _settings(manifest, frame.schema, sink_config, result.run_id, registry_config)
@@ -249,7 +250,10 @@ def _settings(
     arrow = arrow_schema(payload)
     if arrow is None or not names:
         return None, None, "a payload type without an Arrow form"
-    key_columns = unique_key_positions(sink, names)
+    try:
+        key_columns = unique_key_positions(sink, names)
+    except ConfigError as exc:  # the Spark SQL path decides (a batch without rows to publish succeeds there)
+        return None, None, str(exc)
     json_value = options.message_format == "json"
     reason = message.unwritable_type(arrow, key_columns, json_value, options.key.mode == "hash_row")
     if reason is not None:

@@ -1,7 +1,8 @@
-"""A batch with nothing in it, judged on the direct path as the Spark SQL path judges it: the
-extract records its notes and no rows, the gates judge zero rows (min_rows by its rule for an
-empty batch; the row checks are skipped), and nothing is produced. The commit then moves the
-state as after any run that produced nothing."""
+"""A batch with nothing to publish, judged on the direct path as the Spark SQL path judges it:
+none read (the extract records its notes and no rows), or every record read a bad record. The
+gates judge zero rows (min_rows by its rule for an empty batch; the row checks are skipped), and
+nothing is shaped, registered or produced. The commit then moves the state as after any run that
+produced nothing."""
 
 from __future__ import annotations
 
@@ -29,6 +30,14 @@ def nothing_read(manifest: Manifest, planned: PlannedRead, result: RunResult, lo
     result.execution_path = "direct"
     with stage(result, "quality_pre", log):
         pre_publish_gates(manifest, None, planned.incremental, result, 0, "extracted")
+    return nothing_to_publish(manifest, planned, result, log)
+
+
+def nothing_to_publish(manifest: Manifest, planned: PlannedRead, result: RunResult, log: Log) -> Judged:
+    """The published rows' gates of a batch without a row to publish (none read, or every record
+    read a bad record set aside); JUDGED: nothing is shaped, registered or produced (the caller
+    sends the dead letters)."""
+    result.execution_path = "direct"
     with stage(result, "quality_published", log):
         pre_publish_gates(manifest, None, planned.incremental, result, 0, "published")
     log("extract: no new records; nothing to produce")
