@@ -2513,3 +2513,31 @@ def test_a_batch_of_bad_records_only_is_judged_on_the_direct_path_as_on_the_spar
     assert letters["direct"] == letters["spark_sql"] and len(letters["direct"]) == 12
     assert stored["direct"] == stored["spark_sql"] == {0: 12, 1: 0}
     assert registry_client({"url": url}).get_subjects() == []
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json_schema"])
+def test_registry_encoded_keys_without_a_unique_key_are_null_as_on_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch, fmt):
+    """key.format avro | json_schema with no unique_key: no column sets a key, so every key is
+    null on both paths, and both register the key subject's empty record, as the Spark SQL path
+    always has; the values are the same past their frames."""
+    from dpone_dagster.schema.registry import registry_client
+
+    bs = broker.bootstrap_servers
+    strategy = "{mode: incremental_append}"
+    url, src = orders_for_a_registry_sink(bs, monkeypatch, strategy)
+    no_handover(monkeypatch)
+    (direct, direct_records), (sql, sql_records) = run_both(
+        bs, spark, src, tmp_path, monkeypatch, strategy, f"message_format: {fmt}, key: {{format: {fmt}}}, schema_registry: {{enabled: true}}"
+    )
+    assert direct.execution_path == "direct" and sql.execution_path == "spark_sql", direct.notes
+    assert len(direct_records) == len(sql_records) == 1200
+    assert {r["key"] for r in direct_records} == {r["key"] for r in sql_records} == {None}
+    values = [Counter(r["value"][5:] for r in records) for records in (direct_records, sql_records)]
+    assert values[0] == values[1]
+    client = registry_client({"url": url})
+    keys = {}
+    for path in ("direct", "spark_sql"):  # the record is named after the topic
+        subject = next(s for s in client.get_subjects() if s.startswith(f"d_{path}") and s.endswith("-key"))
+        keys[path] = client.get_latest_version(subject).schema.schema_str.replace(subject.removesuffix("-key"), "<topic>")
+    assert keys["direct"] == keys["spark_sql"] and "_key" in keys["direct"], keys
+    assert direct.schema_evolution["key_subject_schema_id"] is not None and sql.schema_evolution["key_subject_schema_id"] is not None

@@ -72,9 +72,9 @@ def routes_of(prepared: PreparedSchema | None) -> tuple[tuple[str, str], ...]:
 def prepare_key(manifest: Manifest, prepared: PreparedSchema | None) -> tuple[KeyEncoding | None, str | None]:
     """The key subject's schema when keys are registry-encoded (id 0 until registered), or why
     the Spark SQL path writes them."""
+    # Without unique_key columns the key subject is registered all the same (an empty record) and
+    # every key is null, as on the Spark SQL path: no column sets one.
     key = planned_key(manifest, prepared) if prepared is not None else None
-    if key is not None and not key.columns:
-        return None, "registry-encoded keys without unique_key columns"
     if key is not None and any(column in key.columns for column, _ in routes_of(prepared)):
         return None, "a type change of a registry-encoded key column routed to a new column (on_type_change: new_column)"
     return key, None
