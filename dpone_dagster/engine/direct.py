@@ -97,7 +97,7 @@ from dpone_dagster.sources.kafka import registry_notes
 from dpone_dagster.spark import arrow_json
 from dpone_dagster.spark.jobs import MARGIN_S, BoundedJobs, deadline_s, waves
 from dpone_dagster.spark.keep import release_batch
-from dpone_dagster.spark.printed_numbers import printed_by_spark
+from dpone_dagster.spark.printed_numbers import printed_by_spark, unprinted_numbers
 from dpone_dagster.spark.session import is_connect
 from dpone_dagster.spark.slots import local_task_slots, produce_slots
 
@@ -229,7 +229,7 @@ def _copy(
             stops = [r.refused for r in reports if r.refused]
             if stops and not all(stop.startswith((task.UNPLANNED, task.UNPRINTED)) for stop in stops):
                 raise ToSparkSql(stops[0])
-            unprinted = set().union(*(r.numbers for r in reports))
+            unprinted = unprinted_numbers(reports)
             if unprinted:
                 _print_numbers(spark, jobs, unprinted, printed, scan)
             if any(stop.startswith(task.UNPLANNED) for stop in stops):

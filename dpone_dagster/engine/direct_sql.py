@@ -88,7 +88,7 @@ from dpone_dagster.sinks.kafka_messages import (
 from dpone_dagster.sinks.registry import NO_REGISTRY, PreparedSchema
 from dpone_dagster.spark.jobs import MARGIN_S, BoundedJobs, deadline_s, waves
 from dpone_dagster.spark.keep import release_batch
-from dpone_dagster.spark.printed_numbers import printed_by_spark
+from dpone_dagster.spark.printed_numbers import printed_by_spark, unprinted_numbers
 from dpone_dagster.spark.session import is_connect, speculates
 from dpone_dagster.spark.slots import one_host, partition_count, produce_slots
 
@@ -176,14 +176,14 @@ def copy(
             scanned = frame.select(*settings.names, C.OP, *([C.ORDER] if settings.keeps_order else []))
             reports = store.scan(settings, scanned, seconds)
             _judge(reports)
-            unprinted = set().union(*(r.numbers for r in reports))
+            unprinted = unprinted_numbers(reports)
             if unprinted:  # printed by Spark, and the batch scanned again with their texts
                 log(f"extract: {len(unprinted)} number(s) Java 17 may print otherwise than the shortest digits: printed by Spark; scanning the batch again")
                 store.remove(settings, log)
                 settings = replace(settings, spark_numbers=printed_by_spark(spark, jobs, unprinted, MARGIN_S))
                 reports = store.scan(settings, scanned, seconds)
                 _judge(reports)
-                unprinted = set().union(*(r.numbers for r in reports))
+                unprinted = unprinted_numbers(reports)
                 if unprinted:  # the table changed between the scans
                     raise ToSparkSql(f"{len(unprinted)} number(s) Java 17 may print otherwise than the shortest digits, found by a second scan")
             rows = result.rows_extracted = sum(r.rows for r in reports)

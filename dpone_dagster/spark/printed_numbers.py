@@ -6,12 +6,26 @@ the text Spark's `to_json` writes for a finite number, so both paths write the s
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dpone_dagster.sinks.json_encode import NumberKey, number_of
 from dpone_dagster.spark.jobs import BoundedJobs
+
+
+class CollectsNumbers(Protocol):
+    """A scan task's report: the numbers it found without Spark's text."""
+
+    @property
+    def numbers(self) -> frozenset[NumberKey]: ...
+
+
+def unprinted_numbers(reports: Iterable[CollectsNumbers]) -> set[NumberKey]:
+    """Every number the scan tasks found without Spark's text."""
+    return set().union(*(r.numbers for r in reports))
+
 
 # (kind, Spark type, type of its bits)
 _KINDS = (("double", "double", "long"), ("float", "float", "int"))
