@@ -12,10 +12,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+import spark_sql_golden
 from conftest import consume_raw, create_topic, produce_json, unique_topic
+from spark_sql_golden import names
 from test_direct_path import manifest_text
 
-from dpone_dagster.engine.run import run_pipeline
+from dpone_dagster.engine.run import RunRequest, run_pipeline
 from dpone_dagster.errors import DataRefused
 from dpone_dagster.manifest import parse_manifest
 from dpone_dagster.manifest.models import (
@@ -169,18 +171,18 @@ def comparable(gate: dict[str, Any]) -> dict[str, Any]:
 def run_on_both(
     bs: str, spark: Any, src: str, tmp_path: Path, monkeypatch: Any, strategy: str, quality: str, sink_options: str = "", source_options: str = ""
 ) -> tuple[Any, Any]:
-    out = []
-    for path in ("direct", "spark_sql"):
-        if path == "spark_sql":
-            monkeypatch.setenv("DPONE_DIRECT_PATH", "off")
-        dst = unique_topic(f"c_{path}")
+    def run(path: str, dst: str) -> Any:
         create_topic(bs, dst, 2)
         text = manifest_text(src, dst, tmp_path / path, strategy, sink_options, quality=f"quality:\n{quality}")
         if source_options:
             text = text.replace("options: {group_id:", f"options: {{{source_options}, group_id:")
-        out.append(run_pipeline(parse_manifest(text), spark))
-    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
-    return out[0], out[1]
+        return run_pipeline(parse_manifest(text), spark, RunRequest(run_id=spark_sql_golden.run_id()) if path == "spark_sql" else RunRequest())
+
+    direct = run("direct", unique_topic("c_direct"))
+    dst = unique_topic("c_spark_sql")
+    with monkeypatch.context() as patched:
+        patched.setenv("DPONE_DIRECT_PATH", "off")
+        return direct, spark_sql_golden.spark_sql_outcome(names(tmp_path, src=src, dst=dst), lambda: run("spark_sql", dst))
 
 
 WARN_CHECKS = """  mode: warn

@@ -1,6 +1,7 @@
 """The direct path (engine/direct.py) against the Spark SQL path on the same source: the target
 topics must hold the same messages (key, value, partition), byte for byte; what the direct path
-cannot do exactly goes to the Spark SQL path, never half done."""
+cannot do exactly goes to the Spark SQL path, never half done. The Spark SQL path's outcomes are
+stored under tests/golden/spark_sql/ (tests/spark_sql_golden.py); the direct path runs live."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+import spark_sql_golden
 from confluent_kafka import Producer
 from conftest import consume_raw, create_topic, produce_json, unique_topic
+from spark_sql_golden import names, on_both_paths, without_timestamp
 
 from dpone_dagster.direct import spill, task
 from dpone_dagster.direct.keys import (
@@ -70,23 +73,24 @@ def run_both(
 ):
     """The same manifest on each path, each into its own target; returns (direct, spark_sql),
     each as (RunResult, records)."""
-    out = []
-    for path in ("direct", "spark_sql"):
-        if path == "spark_sql":
-            monkeypatch.setenv("DPONE_DIRECT_PATH", "off")
-        dst = unique_topic(f"d_{path}")
+    def run(path: str, dst: str) -> tuple[Any, list[dict[str, Any]]]:
         create_topic(bs, dst, partitions)
-        state = tmp_path / path
-        text = manifest_text(src, dst, state, strategy, sink_options)
+        text = manifest_text(src, dst, tmp_path / path, strategy, sink_options)
         if source_options:
             text = text.replace("options: {group_id:", f"options: {{{source_options}, group_id:")
-        result = run_pipeline(parse_manifest(text), spark)
+        request = RunRequest(run_id=spark_sql_golden.run_id()) if path == "spark_sql" else RunRequest()
+        result = run_pipeline(parse_manifest(text), spark, request)
         records = consume_raw(bs, dst, expected=result.messages_produced)
         arrived = {p: sorted(r["offset"] for r in records if r["partition"] == p) for p in range(partitions)}
         assert len(records) == result.messages_produced, (path, result.messages_produced, {p: (len(o), o[:1], o[-1:]) for p, o in arrived.items()})
-        out.append((result, records))
-    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
-    return out
+        return result, [without_timestamp(r) for r in records]
+
+    direct = run("direct", unique_topic("d_direct"))
+    dst = unique_topic("d_spark_sql")
+    with monkeypatch.context() as patched:
+        patched.setenv("DPONE_DIRECT_PATH", "off")
+        sql = spark_sql_golden.spark_sql_outcome(names(tmp_path, src=src, dst=dst), lambda: run("spark_sql", dst))
+    return [direct, sql]
 
 
 def on_error_outcomes(bs: str, spark: Any, src: str, tmp_path: Path, monkeypatch: Any, strategy: str, sink_options: str, source_options: str) -> dict[str, tuple]:
@@ -94,10 +98,7 @@ def on_error_outcomes(bs: str, spark: Any, src: str, tmp_path: Path, monkeypatch
     on_error): per path (rows extracted, dead-lettered, skipped, duplicates removed, produced,
     committed offsets, the target's messages and each key's order, the dead letters without the
     run's own headers)."""
-    outcomes = {}
-    for path in ("direct", "spark_sql"):
-        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
-        dst, dlq = unique_topic(f"db_{path}"), unique_topic(f"dbl_{path}")
+    def run(path: str, dst: str, dlq: str) -> tuple:
         create_topic(bs, dst, 2)
         create_topic(bs, dlq, 1)
         text = manifest_text(src, dst, tmp_path / path, strategy, sink_options)
@@ -106,11 +107,18 @@ def on_error_outcomes(bs: str, spark: Any, src: str, tmp_path: Path, monkeypatch
         assert result.execution_path == path, result.notes
         own = ("dpone.error.run_id", "dpone.error.pipeline")  # the run's and the manifest's names
         letters = sorted((r["key"], r["value"], tuple((k, v) for k, v in r["headers"] if k not in own)) for r in consume_raw(bs, dlq, expected=result.rows_dead_lettered))
-        outcomes[path] = (
+        return (
             result.rows_extracted, result.rows_dead_lettered, result.rows_skipped, result.duplicates_removed, result.messages_produced,
             result.committed_offsets, in_key_order(consume_raw(bs, dst, expected=result.messages_produced)), letters,
         )
-    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+
+    outcomes = {}
+    with monkeypatch.context() as patched:
+        patched.setenv("DPONE_DIRECT_PATH", "on")
+        outcomes["direct"] = run("direct", unique_topic("db_direct"), unique_topic("dbl_direct"))
+        patched.setenv("DPONE_DIRECT_PATH", "off")
+        dst, dlq = unique_topic("db_spark_sql"), unique_topic("dbl_spark_sql")
+        outcomes["spark_sql"] = spark_sql_golden.spark_sql_outcome(names(tmp_path, src=src, dst=dst, dlq=dlq), lambda: run("spark_sql", dst, dlq))
     return outcomes
 
 
@@ -261,10 +269,15 @@ def test_registry_encoded_keys_as_the_spark_sql_path_writes_them(broker, spark, 
     assert direct.execution_path == "direct" and sql.execution_path == "spark_sql"
     assert len(direct_records) == direct.messages_produced == sql.messages_produced == (700 if "merge" in strategy else 1200)
     client = registry_client({"url": url})
+
+    def key_subject_id(path: str) -> int:
+        [key_subject] = [s for s in client.get_subjects() if s.endswith("-key") and s.startswith(f"d_{path}")]
+        return client.get_latest_version(key_subject).schema_id
+
+    registered = {"direct": key_subject_id("direct"), "spark_sql": spark_sql_golden.spark_sql_outcome(names(tmp_path, src=src), lambda: key_subject_id("spark_sql"))}
     for result, records in ((direct, direct_records), (sql, sql_records)):
         key_id = result.schema_evolution["key_subject_schema_id"]
-        [key_subject] = [s for s in client.get_subjects() if s.endswith("-key") and s.startswith(f"d_{result.execution_path}")]
-        assert client.get_latest_version(key_subject).schema_id == key_id
+        assert registered[result.execution_path] == key_id
         assert {r["key"][:5] for r in records} == {b"\x00" + key_id.to_bytes(4, "big")}
     # Each target's subjects are named after its topic (so are the key records): past the frames,
     # the same keys and values (a partition follows the framed key, so it is not compared).
@@ -287,20 +300,27 @@ def test_a_type_change_routed_to_a_new_column_as_the_spark_sql_path_routes_it(br
     sink = f"message_format: {fmt}, on_type_change: new_column, schema_registry: {{enabled: true}}"
     strategy = "{mode: incremental_append, unique_key: order_id}"
     targets = {path: unique_topic(f"d_{path}") for path in ("direct", "spark_sql")}
+    renames = names(tmp_path, src=src, dst=targets["spark_sql"])
     for dst in targets.values():
         create_topic(bs, dst, 2)
     results: dict[str, list[Any]] = {path: [] for path in targets}
+
+    def run(path: str) -> Any:
+        return run_pipeline(parse_manifest(manifest_text(src, targets[path], tmp_path / path, strategy, sink)), spark)
+
     for batch in ([{"order_id": i, "qty": i, "note": f"n{i}"} for i in range(300)], [{"order_id": i, "qty": f"many {i} é", "note": None} for i in range(300, 600)]):
         produce_json(bs, src, batch, key=lambda row: row["order_id"])
-        for path, dst in targets.items():
-            if path == "spark_sql":
-                monkeypatch.setenv("DPONE_DIRECT_PATH", "off")
-            results[path].append(run_pipeline(parse_manifest(manifest_text(src, dst, tmp_path / path, strategy, sink)), spark))
-            monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+        results["direct"].append(run("direct"))
+        with monkeypatch.context() as patched:
+            patched.setenv("DPONE_DIRECT_PATH", "off")
+            results["spark_sql"].append(spark_sql_golden.spark_sql_outcome(renames, lambda: run("spark_sql")))
     assert [r.execution_path for r in results["direct"]] == ["direct", "direct"]
     routed = results["direct"][1].schema_evolution["evolution"]["actions"]
     assert any(a["kind"] == "route_new_column" for a in routed)
-    records = {path: consume_raw(bs, dst) for path, dst in targets.items()}
+    records = {
+        "direct": consume_raw(bs, targets["direct"]),
+        "spark_sql": spark_sql_golden.spark_sql_outcome(renames, lambda: [without_timestamp(r) for r in consume_raw(bs, targets["spark_sql"])]),
+    }
     assert len(records["direct"]) == 600
     assert unframed(records["direct"]) == unframed(records["spark_sql"])
     assert sum(b"many 3" in r["value"] for r in records["direct"]) == 100  # order ids 300..399
@@ -345,16 +365,14 @@ def test_registry_encoded_keys_are_told_apart_as_the_spark_sql_path_tells_them(b
     unique_key = "[order_id, region]" if "region" in rows[0] else "order_id"
     strategy = f"{{mode: incremental_merge, unique_key: {unique_key}, duplicate_policy: {policy}}}"
     sink = f"message_format: avro, key: {{format: avro}}, schema_registry: {{enabled: true}}{', ' + options if options else ''}"
-    out = {}
-    for path in ("direct", "spark_sql"):
-        if path == "spark_sql":
-            monkeypatch.setenv("DPONE_DIRECT_PATH", "off")
-        dst = unique_topic(f"d_{path}")
+
+    def one(path: str, dst: str) -> tuple[str, Counter]:
         create_topic(bs, dst, 1)
         registry_client({"url": url}).register_schema(f"{dst}-value", Schema(json.dumps(value_schema), "AVRO"))
         result = run_pipeline(parse_manifest(manifest_text(src, dst, tmp_path / path, strategy, sink)), spark)
-        out[path] = (result.execution_path, Counter(r["key"][5:] for r in consume_raw(bs, dst)))
-    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+        return (result.execution_path, Counter(r["key"][5:] for r in consume_raw(bs, dst)))
+
+    out = on_both_paths(monkeypatch, tmp_path, one, {"dst": "d"}, src=src)
     assert out["direct"][0] == "direct"
     assert out["direct"][1] == out["spark_sql"][1] and sum(out["direct"][1].values()) == 2
 
@@ -842,19 +860,19 @@ def test_registry_values_that_do_not_decode_are_bad_records_on_the_direct_path(b
     source = f"message_format: avro, schema_registry: {{enabled: true}}, on_error: {on_error}"
     strategy = "{mode: incremental_append, unique_key: order_id}"
     if on_error == "fail":
-        failures = {}
-        for path in ("on", "off"):
-            monkeypatch.setenv("DPONE_DIRECT_PATH", path)
-            if path == "on":
+
+        def fails(path: str, dst: str) -> str:
+            if path == "direct":
                 no_handover(monkeypatch)
-            dst = unique_topic("rbdst")
             create_topic(bs, dst, 2)
             text = manifest_text(src, dst, tmp_path / path, strategy).replace("options: {group_id:", f"options: {{{source}, group_id:")
             with pytest.raises(RunFailed) as failed:
                 run_pipeline(parse_manifest(text), spark)
-            failures[path] = str(failed.value)
             assert consume_raw(bs, dst) == []
-        assert failures["on"] == failures["off"] and "3 record(s)" in failures["on"] and "wrong magic byte 0x7b" in failures["on"]
+            return str(failed.value)
+
+        failures = on_both_paths(monkeypatch, tmp_path, fails, {"dst": "rbdst"}, src=src)
+        assert failures["direct"] == failures["spark_sql"] and "3 record(s)" in failures["direct"] and "wrong magic byte 0x7b" in failures["direct"]
         return
     outcomes = on_error_outcomes(bs, spark, src, tmp_path, monkeypatch, strategy, "", source)
     assert outcomes["direct"] == outcomes["spark_sql"]
@@ -938,19 +956,17 @@ def late_window_runs(bs: str, spark: Any, tmp_path: Path, monkeypatch: Any, src:
     start = datetime(2024, 3, 1, tzinfo=UTC)
     produce_json(bs, src, values, partition=0, timestamps=[int((start + timedelta(minutes=m)).timestamp() * 1000) for m in LATE_MINUTES])
     windows = [Window(start + timedelta(hours=h), start + timedelta(hours=h + 1), f"2024-03-01-{h:02d}:00") for h in (0, 1)]
-    out = {}
-    for path in ("direct", "spark_sql"):
-        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
-        dst, dlq = unique_topic(f"rl_{path}"), unique_topic(f"rll_{path}")
+
+    def one(path: str, dst: str, dlq: str) -> tuple[Any, list[dict[str, Any]], int]:
         create_topic(bs, dst, 2)
         create_topic(bs, dlq, 1)
         source = f"    message_format: avro\n    schema_registry: {{enabled: true}}\n    dead_letter: {{topic: {dlq}}}"
         text = window_manifest(src, dst, tmp_path / path, ", late_records: dead_letter", source)
         text = text.replace(f"  topic: {dst}\n", f"  topic: {dst}\n  options: {{message_format: avro, schema_registry: {{enabled: true}}}}\n")
         result = run_pipeline(parse_manifest(text), spark, RunRequest(windows=windows))
-        out[path] = result, consume_raw(bs, dst), len(consume_raw(bs, dlq))
-    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
-    return out
+        return result, [without_timestamp(r) for r in consume_raw(bs, dst)], len(consume_raw(bs, dlq))
+
+    return on_both_paths(monkeypatch, tmp_path, one, {"dst": "rl", "dlq": "rll"}, src=src)
 
 
 def test_a_late_record_of_a_newer_version_counts_among_the_batchs_versions(broker, spark, kafka_env, tmp_path, monkeypatch):
@@ -1101,18 +1117,17 @@ def test_unique_check_on_the_key_refuses_an_append_whose_keys_repeat_on_both_pat
     create_topic(bs, src, 1)
     produce_json(bs, src, [{"order_id": i % 10, "status": "new"} for i in range(40)], partition=0)
     quality = "quality:\n  mode: fail\n  checks: [{type: unique, columns: [order_id]}]"
-    outcomes = {}
-    for path in ("direct", "spark_sql"):
-        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
-        dst = unique_topic(f"urev_{path}")
+
+    def one(path: str, dst: str) -> tuple:
         create_topic(bs, dst, 1)
         m = parse_manifest(manifest_text(src, dst, tmp_path / path, "{mode: incremental_append, unique_key: order_id}", quality=quality))
         try:
             result = run_pipeline(m, spark)
-            outcomes[path] = ("success", result.execution_path, len(consume_raw(bs, dst)), [g for g in result.gates if "unique" in g["name"]])
+            return ("success", result.execution_path, len(consume_raw(bs, dst)), [g for g in result.gates if "unique" in g["name"]])
         except DataRefused as exc:
-            outcomes[path] = ("refused", str(exc)[:200], len(consume_raw(bs, dst)))
-    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+            return ("refused", str(exc)[:200], len(consume_raw(bs, dst)))
+
+    outcomes = on_both_paths(monkeypatch, tmp_path, one, {"dst": "urev"}, src=src)
     assert outcomes["spark_sql"][0] == "refused" and outcomes["spark_sql"][2] == 0
     assert outcomes["direct"] == outcomes["spark_sql"]
 
@@ -1140,10 +1155,8 @@ def test_repeated_keys_of_a_time_window_append_keep_the_source_order(broker, spa
         producer.produce(src, value, f"k{n % 7}".encode(), partition=n % 2, timestamp=int((start + timedelta(minutes=minute)).timestamp() * 1000))
     assert producer.flush(30) == 0
     windows = [Window(start + timedelta(hours=h), start + timedelta(hours=h + 1), f"2024-03-01-{h:02d}:00") for h in (0, 1)]
-    outcomes = {}
-    for path in ("direct", "spark_sql"):
-        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
-        dst, dlq = unique_topic(f"twr_{path}"), unique_topic(f"twrl_{path}")
+
+    def one(path: str, dst: str, dlq: str) -> tuple:
         create_topic(bs, dst, 2)
         create_topic(bs, dlq, 1)
         text = window_manifest(src, dst, tmp_path / path, f", late_records: {late}", f"    dead_letter: {{topic: {dlq}}}")
@@ -1154,8 +1167,9 @@ def test_repeated_keys_of_a_time_window_append_keep_the_source_order(broker, spa
         per_key = {}
         for r in sorted(consume_raw(bs, dst), key=lambda r: (r["partition"], r["offset"])):
             per_key.setdefault(r["key"], []).append((r["partition"], r["value"], tuple(r["headers"] or ())))
-        outcomes[path] = (result.rows_extracted, result.messages_produced, per_key, sorted(x["value"] or b"" for x in consume_raw(bs, dlq)))
-    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+        return (result.rows_extracted, result.messages_produced, per_key, sorted(x["value"] or b"" for x in consume_raw(bs, dlq)))
+
+    outcomes = on_both_paths(monkeypatch, tmp_path, one, {"dst": "twr", "dlq": "twrl"}, src=src)
     assert outcomes["direct"] == outcomes["spark_sql"]
 
 
@@ -1183,10 +1197,8 @@ def test_ordered_phase_with_spill_files_gone_and_bad_records(broker, spark, kafk
         return original(jobs, window, settings, producer, groups, ordered, set_aside, log)
 
     monkeypatch.setattr(direct_engine, "produce_ordered", gone_then_produce)
-    outcomes = {}
-    for path in ("direct", "spark_sql"):
-        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
-        dst, dlq = unique_topic(f"spr_{path}"), unique_topic(f"sprl_{path}")
+
+    def one(path: str, dst: str, dlq: str) -> tuple:
         create_topic(bs, dst, 2)
         create_topic(bs, dlq, 1)
         text = manifest_text(src, dst, tmp_path / path, "{mode: incremental_append, unique_key: order_id}", "headers: {lineage: true}")
@@ -1196,8 +1208,9 @@ def test_ordered_phase_with_spill_files_gone_and_bad_records(broker, spark, kafk
         per_key = {}
         for r in sorted(consume_raw(bs, dst), key=lambda r: (r["partition"], r["offset"])):
             per_key.setdefault(r["key"], []).append((r["partition"], r["value"], tuple(r["headers"] or ())))
-        outcomes[path] = (result.rows_extracted, result.rows_dead_lettered, result.messages_produced, result.committed_offsets, per_key, len(consume_raw(bs, dlq)))
-    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+        return (result.rows_extracted, result.rows_dead_lettered, result.messages_produced, result.committed_offsets, per_key, len(consume_raw(bs, dlq)))
+
+    outcomes = on_both_paths(monkeypatch, tmp_path, one, {"dst": "spr", "dlq": "sprl"}, src=src)
     assert calls and calls[0] > 0
     d, s = outcomes["direct"], outcomes["spark_sql"]
     assert d[:4] == s[:4] and d[5] == s[5], (d[:4], s[:4], d[5], s[5])
@@ -1481,14 +1494,15 @@ def test_deletes_a_sink_does_not_take_fail_the_run_on_both_paths(broker, spark, 
     src = unique_topic("dsrc")
     create_topic(bs, src, 1)
     produce_json(bs, src, [{"order_id": i} for i in range(10)] + [None], partition=0, key=lambda row: "9")
-    for path in ("on", "off"):
-        monkeypatch.setenv("DPONE_DIRECT_PATH", path)
-        dst = unique_topic("ddst")
+
+    def fails(path: str, dst: str) -> None:
         create_topic(bs, dst, 1)
         m = parse_manifest(manifest_text(src, dst, tmp_path / path, "{mode: incremental_append, unique_key: order_id}"))
         with pytest.raises(RunFailed, match=r"the batch holds 1 delete\(s\) but sink.options.deletes.enabled is false"):
             run_pipeline(m, spark)
         assert consume_raw(bs, dst) == []
+
+    on_both_paths(monkeypatch, tmp_path, fails, {"dst": "ddst"}, src=src)
 
 
 def test_an_op_field_takes_the_spark_sql_path_and_other_engine_names_are_refused(broker, spark, kafka_env, tmp_path):
@@ -1899,17 +1913,14 @@ def test_time_windows_count_late_records_as_the_spark_sql_path_does(broker, spar
                      timestamps=[int((start + timedelta(minutes=m)).timestamp() * 1000) for m in stamps])
     windows = [Window(start + timedelta(hours=h), start + timedelta(hours=h + 1), f"2024-03-01-{h:02d}:00") for h in (0, 1)]
 
-    outcomes = {}
-    for path in ("direct", "spark_sql"):
-        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
-        dst = unique_topic(f"dw_{path}")
+
+    def one(path: str, dst: str, failing: str, held: str, dlq: str) -> tuple:
         create_topic(bs, dst, 2)
         result = run_pipeline(parse_manifest(window_manifest(src, dst, tmp_path / path)), spark, RunRequest(windows=windows))
         assert result.execution_path == path
         late = {w["start"]: w["late_records"] for w in result.boundary["windows"]}
-        outcomes[path] = (result.boundary["late_records"], late, messages(consume_raw(bs, dst)))
+        delivered = (result.boundary["late_records"], late, messages(consume_raw(bs, dst)))
 
-        failing = unique_topic(f"dwf_{path}")
         create_topic(bs, failing, 2)
         with pytest.raises(DataRefused, match="2 late record"):
             run_pipeline(parse_manifest(window_manifest(src, failing, tmp_path / f"{path}_fail", ", late_records: fail")), spark, RunRequest(windows=windows))
@@ -1917,7 +1928,6 @@ def test_time_windows_count_late_records_as_the_spark_sql_path_does(broker, spar
         assert LocalStateStore(str(tmp_path / f"{path}_fail")).load_windows(src, f"dpone.windows_{src}") == {}
 
         # dead_letter: the late records leave the batch and reach the dead-letter topic.
-        held, dlq = unique_topic(f"dwh_{path}"), unique_topic(f"dwl_{path}")
         create_topic(bs, held, 2)
         create_topic(bs, dlq, 1)
         text = window_manifest(src, held, tmp_path / f"{path}_held", ", late_records: dead_letter", f"    dead_letter: {{topic: {dlq}}}")
@@ -1926,7 +1936,10 @@ def test_time_windows_count_late_records_as_the_spark_sql_path_does(broker, spar
         letters = sorted((r["key"], r["value"], tuple((k, v) for k, v in r["headers"] if k != "dpone.error.run_id")) for r in consume_raw(bs, dlq))
         windows_stored = LocalStateStore(str(tmp_path / f"{path}_held")).load_windows(src, f"dpone.windows_{src}")
         stored = {start: {k: v for k, v in w.items() if k != "run_id"} for start, w in windows_stored.items()}
-        outcomes[f"{path}_held"] = (result.rows_extracted, result.messages_produced, messages(consume_raw(bs, held)), letters, stored)
+        return delivered, (result.rows_extracted, result.messages_produced, messages(consume_raw(bs, held)), letters, stored)
+
+    both = on_both_paths(monkeypatch, tmp_path, one, {"dst": "dw", "failing": "dwf", "held": "dwh", "dlq": "dwl"}, src=src)
+    outcomes = {path: both[path][0] for path in both} | {f"{path}_held": both[path][1] for path in both}
     assert outcomes["direct"] == outcomes["spark_sql"]
     total, late, delivered = outcomes["direct"]
     assert total == 2 and late == {"2024-03-01T00:00:00+00:00": 0, "2024-03-01T01:00:00+00:00": 2}
@@ -1962,10 +1975,8 @@ def test_deletes_left_out_of_a_time_window_as_the_spark_sql_path_leaves_them(bro
     assert producer.flush(30) == 0
     windows = [Window(start + timedelta(hours=h), start + timedelta(hours=h + 1), f"2024-03-01-{h:02d}:00") for h in (0, 1)]
 
-    outcomes = {}
-    for path in ("direct", "spark_sql"):
-        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
-        dst, dlq = unique_topic(f"dwd_{path}"), unique_topic(f"dwdl_{path}")
+
+    def one(path: str, dst: str, dlq: str) -> tuple:
         create_topic(bs, dst, 2)
         create_topic(bs, dlq, 1)
         state = tmp_path / path
@@ -1981,8 +1992,9 @@ def test_deletes_left_out_of_a_time_window_as_the_spark_sql_path_leaves_them(bro
             outcome = (result.rows_extracted, result.deletes_skipped, result.messages_produced, result.boundary["late_records"], late_by_window)
         letters = sorted((r["key"], r["value"]) for r in consume_raw(bs, dlq))
         stored = {w: {k: v for k, v in fields.items() if k != "run_id"} for w, fields in LocalStateStore(str(state)).load_windows(src, f"dpone.windows_{src}").items()}
-        outcomes[path] = (outcome, messages(consume_raw(bs, dst)), letters, stored)
-    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+        return (outcome, messages(consume_raw(bs, dst)), letters, stored)
+
+    outcomes = on_both_paths(monkeypatch, tmp_path, one, {"dst": "dwd", "dlq": "dwdl"}, src=src)
     assert outcomes["direct"] == outcomes["spark_sql"]
     outcome, delivered, letters, stored = outcomes["direct"]
     if late == "fail":
@@ -2159,17 +2171,18 @@ def test_keys_that_repeat_with_an_oversized_message_are_refused_under_fail(broke
     bs = broker.bootstrap_servers
     src = unique_topic("dosrc")
     produce_oversized_keyed(bs, src)
-    for path in ("on", "off"):
-        monkeypatch.setenv("DPONE_DIRECT_PATH", path)
-        if path == "on":
+
+    def fails(path: str, dst: str) -> None:
+        if path == "direct":
             no_handover(monkeypatch)
-        dst = unique_topic("dodst")
         create_topic(bs, dst, 2)
         strategy = "{mode: incremental_merge, unique_key: order_id, duplicate_policy: fail}"
         text = manifest_text(src, dst, tmp_path / path, strategy, "delivery: {producer_config: {message.max.bytes: 2000}}")
         with pytest.raises(RunFailed, match=r"duplicate_policy: fail — 3 key\(s\) occur more than once"):
             run_pipeline(parse_manifest(text.replace("options: {group_id:", "options: {on_error: skip, group_id:")), spark)
         assert consume_raw(bs, dst) == []
+
+    on_both_paths(monkeypatch, tmp_path, fails, {"dst": "dodst"}, src=src)
 
 
 def test_undecodable_records_fail_the_run_before_anything_is_produced(broker, spark, kafka_env, tmp_path):
@@ -2293,10 +2306,8 @@ def test_a_checks_only_run_judges_the_batch_as_the_spark_sql_path_and_registers_
     checks = "[{type: min_rows, threshold: 600}, {type: not_null, columns: [order_id]}, {type: unique, columns: [order_id]}, {type: unique, columns: [order_id], stage: extracted}]"
     quality = f"quality:\n  mode: fail\n  checks: {checks}"
     selected = frozenset({"min_rows", "not_null_order_id", "unique_order_id"})
-    outcomes = {}
-    for path in ("direct", "spark_sql"):
-        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
-        dst = unique_topic(f"dc_{path}")
+
+    def one(path: str, dst: str) -> tuple:
         create_topic(bs, dst, 3)
         manifest = parse_manifest(manifest_text(src, dst, tmp_path / path, strategy, "message_format: avro, schema_registry: {enabled: true}", quality))
         with pytest.raises(DataRefused, match="unique_order_id_extracted"):  # 1,200 records, 700 keys
@@ -2311,11 +2322,12 @@ def test_a_checks_only_run_judges_the_batch_as_the_spark_sql_path_and_registers_
         assert LocalStateStore(str(tmp_path / path)).load_offsets(src, f"g_{dst}") == {}
         assert not [s for s in registry_client({"url": url}).get_subjects() if s.startswith(dst)]
         assert judged.schema_evolution["subject"] == f"{dst}-value" and judged.schema_evolution["registered"] is False
-        outcomes[path] = (
+        return (
             [(g["name"], g["passed"], g.get("observed")) for g in judged.gates],
             judged.rows_extracted, judged.duplicates_removed, judged.messages_produced, judged.committed_offsets,
         )
-    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+
+    outcomes = on_both_paths(monkeypatch, tmp_path, one, {"dst": "dc"}, src=src)
     assert outcomes["direct"] == outcomes["spark_sql"]
     assert outcomes["direct"][0] == [("min_rows", True, 1200), ("not_null_order_id", True, 0), ("unique_order_id", True, 0)]
     assert outcomes["direct"][1:3] == (1200, 500)
@@ -2353,25 +2365,24 @@ def test_a_batch_with_nothing_to_read_is_judged_on_the_direct_path_as_on_the_spa
         source_options = ""
     strategy = "{mode: incremental_append, unique_key: order_id}" if rerun else "{mode: full_refresh}"
     quality = "quality:\n  checks:\n    - {type: min_rows, threshold: 1}\n    - {type: not_null, columns: [order_id]}\n"
-    outcomes, stored = {}, {}
-    for path in ("direct", "spark_sql"):
-        dst = unique_topic(f"dempty_{path}")
+
+    def one(path: str, dst: str) -> tuple[dict[str, Any], dict[int, int]]:
         create_topic(bs, dst, 2)
         text = manifest_text(src, dst, tmp_path / path, strategy, quality=quality).replace("options: {group_id:", f"options: {{{source_options}group_id:")
         manifest = parse_manifest(text)
-        with monkeypatch.context() as patched:
-            patched.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
-            if rerun:
-                first = run_pipeline(manifest, spark)
-                assert first.rows_extracted == 30 and first.committed_offsets, first.notes
-            try:
-                second = run_pipeline(manifest, spark)
-            except DataRefused as exc:
-                second = exc.result
+        if rerun:
+            first = run_pipeline(manifest, spark)
+            assert first.rows_extracted == 30 and first.committed_offsets, first.notes
+        try:
+            second = run_pipeline(manifest, spark)
+        except DataRefused as exc:
+            second = exc.result
         assert second.execution_path == path, second.notes
         assert second.messages_produced == 0 and len(consume_raw(bs, dst, expected=30 if rerun else 0)) == (30 if rerun else 0)
-        outcomes[path] = outcome_of(second)
-        stored[path] = open_manifest_state_store(manifest).load_offsets(src, f"g_{dst}")
+        return outcome_of(second), open_manifest_state_store(manifest).load_offsets(src, f"g_{dst}")
+
+    both = on_both_paths(monkeypatch, tmp_path, one, {"dst": "dempty"}, src=src)
+    outcomes, stored = {path: both[path][0] for path in both}, {path: both[path][1] for path in both}
     assert outcomes["direct"] == outcomes["spark_sql"]
     assert stored["direct"] == stored["spark_sql"]
     if rerun:
@@ -2396,16 +2407,15 @@ def test_a_time_window_without_records_is_judged_on_the_direct_path_as_on_the_sp
     start = datetime(2024, 3, 1, tzinfo=UTC)
     produce_json(bs, src, orders(10), partition=0, timestamps=[int((start + timedelta(minutes=70 + m)).timestamp() * 1000) for m in range(10)])
     window = Window(start, start + timedelta(hours=1), "2024-03-01-00:00")
-    outcomes = {}
-    for path in ("direct", "spark_sql"):
-        dst = unique_topic(f"dempty_window_{path}")
+
+    def one(path: str, dst: str) -> dict[str, Any]:
         create_topic(bs, dst, 2)
-        with monkeypatch.context() as patched:
-            patched.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
-            result = run_pipeline(parse_manifest(window_manifest(src, dst, tmp_path / path, ", late_records: fail")), spark, RunRequest(windows=[window]))
+        result = run_pipeline(parse_manifest(window_manifest(src, dst, tmp_path / path, ", late_records: fail")), spark, RunRequest(windows=[window]))
         assert result.execution_path == path, result.notes
         assert result.messages_produced == 0 == len(consume_raw(bs, dst, expected=0))
-        outcomes[path] = outcome_of(result)
+        return outcome_of(result)
+
+    outcomes = on_both_paths(monkeypatch, tmp_path, one, {"dst": "dempty_window"}, src=src)
     assert outcomes["direct"] == outcomes["spark_sql"]
     assert outcomes["direct"]["boundary"]["late_records"] == 0 and outcomes["direct"]["rows_extracted"] == 0, outcomes["direct"]["boundary"]
 
@@ -2426,21 +2436,20 @@ def test_a_unique_key_column_not_in_the_batch_fails_as_on_the_spark_sql_path(bro
         create_topic(bs, src, 2)
         produce_json(bs, src, shop_rows(20), partition=0)
         source_options = ""
-    errors = {}
-    for path in ("direct", "spark_sql"):
-        dst = unique_topic(f"dnokey_{path}")
+
+    def one(path: str, dst: str) -> str:
         create_topic(bs, dst, 2)
         text = manifest_text(src, dst, tmp_path / path, "{mode: incremental_merge, unique_key: [order_id, region]}")
         manifest = parse_manifest(text.replace("options: {group_id:", f"options: {{{source_options}group_id:"))
-        with monkeypatch.context() as patched:
-            patched.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
-            with pytest.raises(ConfigError) as caught:
-                run_pipeline(manifest, spark)
+        with pytest.raises(ConfigError) as caught:
+            run_pipeline(manifest, spark)
         result = caught.value.result
         assert result.execution_path == "spark_sql", result.notes
         assert result.messages_produced == 0 == len(consume_raw(bs, dst, expected=0))
         assert open_manifest_state_store(manifest).load_offsets(src, f"g_{dst}") == {}
-        errors[path] = str(caught.value)
+        return str(caught.value)
+
+    errors = on_both_paths(monkeypatch, tmp_path, one, {"dst": "dnokey"}, src=src)
     assert errors["direct"] == errors["spark_sql"] and "sink.strategy.unique_key: column(s) ['region'] are not in the batch" in errors["direct"], errors
 
 
@@ -2460,22 +2469,21 @@ def test_a_column_a_schema_without_evolution_lacks_fails_as_on_the_spark_sql_pat
     url, src = registry_topic(bs, monkeypatch)
     produce_registry(bs, url, src, "avro", shop_rows(20))
     narrow = {**SHOP_V1, "fields": [f for f in SHOP_V1["fields"] if f["name"] != "tags"]}
-    errors = {}
-    for path in ("direct", "spark_sql"):
-        dst = unique_topic(f"dunknown_{path}")
+
+    def one(path: str, dst: str) -> str:
         create_topic(bs, dst, 2)
         registry_client({"url": url}).register_schema(f"{dst}-value", Schema(json.dumps(narrow), "AVRO"))
         sink = "message_format: avro, schema_registry: {enabled: true}, schema_evolution: false"
         text = manifest_text(src, dst, tmp_path / path, "{mode: incremental_append, unique_key: order_id}", sink)
         manifest = parse_manifest(text.replace("options: {group_id:", "options: {message_format: avro, schema_registry: {enabled: true}, group_id:"))
-        with monkeypatch.context() as patched:
-            patched.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
-            with pytest.raises(ConfigError) as caught:
-                run_pipeline(manifest, spark, RunRequest(publish=publish))
+        with pytest.raises(ConfigError) as caught:
+            run_pipeline(manifest, spark, RunRequest(publish=publish))
         assert caught.value.result.execution_path == ("spark_sql" if path == "spark_sql" else "direct"), caught.value.result.notes
         assert len(consume_raw(bs, dst, expected=0)) == 0
         assert open_manifest_state_store(manifest).load_offsets(src, f"g_{dst}") == {}
-        errors[path] = re.sub(r"schema id \d+", "schema id N", str(caught.value))
+        return re.sub(r"schema id \d+", "schema id N", str(caught.value))
+
+    errors = on_both_paths(monkeypatch, tmp_path, one, {"dst": "dunknown"}, src=src)
     assert errors["direct"] == errors["spark_sql"] and "column(s) ['tags'] are not in the registered schema id N" in errors["direct"], errors
 
 
@@ -2491,23 +2499,25 @@ def test_a_batch_of_bad_records_only_is_judged_on_the_direct_path_as_on_the_spar
     src = unique_topic("dbadonly")
     create_topic(bs, src, 2)
     produce_json(bs, src, [b"{not json", b'{"order_id": 1', b"\xff\xfe"] * 4, partition=0)
-    outcomes, letters, stored = {}, {}, {}
-    for path in ("direct", "spark_sql"):
-        dst, dlq = unique_topic(f"dbadonly_{path}"), unique_topic(f"dbadonly_l_{path}")
+
+    def one(path: str, dst: str, dlq: str) -> tuple:
         create_topic(bs, dst, 2)
         create_topic(bs, dlq, 1)
         text = manifest_text(src, dst, tmp_path / path, "{mode: incremental_append, unique_key: order_id}", "message_format: avro, schema_registry: {enabled: true}")
         declared = "schema: [{name: order_id, type: long}]"  # an inferred schema of no field takes the Spark SQL path
         manifest = parse_manifest(text.replace("options: {group_id:", f"options: {{{declared}, on_error: dead_letter, dead_letter: {{topic: {dlq}}}, group_id:"))
-        with monkeypatch.context() as patched:
-            patched.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
-            result = run_pipeline(manifest, spark)
+        result = run_pipeline(manifest, spark)
         assert result.execution_path == path, result.notes
         assert result.messages_produced == 0 == len(consume_raw(bs, dst, expected=0))
-        outcomes[path] = {**outcome_of(result), "notes": [n.replace(dlq, "<dead-letter topic>") for n in result.notes]}
         own = ("dpone.error.run_id", "dpone.error.pipeline")
-        letters[path] = sorted((r["value"], tuple((k, v) for k, v in r["headers"] if k not in own)) for r in consume_raw(bs, dlq, expected=12))
-        stored[path] = open_manifest_state_store(manifest).load_offsets(src, f"g_{dst}")
+        return (
+            {**outcome_of(result), "notes": [n.replace(dlq, "<dead-letter topic>") for n in result.notes]},
+            sorted((r["value"], tuple((k, v) for k, v in r["headers"] if k not in own)) for r in consume_raw(bs, dlq, expected=12)),
+            open_manifest_state_store(manifest).load_offsets(src, f"g_{dst}"),
+        )
+
+    both = on_both_paths(monkeypatch, tmp_path, one, {"dst": "dbadonly", "dlq": "dbadonly_l"}, src=src)
+    outcomes, letters, stored = ({path: both[path][i] for path in both} for i in range(3))
     assert outcomes["direct"] == outcomes["spark_sql"]
     assert outcomes["direct"]["rows_dead_lettered"] == 12 and outcomes["direct"]["schema_evolution"] is None, outcomes["direct"]
     assert letters["direct"] == letters["spark_sql"] and len(letters["direct"]) == 12
@@ -2535,9 +2545,11 @@ def test_registry_encoded_keys_without_a_unique_key_are_null_as_on_the_spark_sql
     values = [Counter(r["value"][5:] for r in records) for records in (direct_records, sql_records)]
     assert values[0] == values[1]
     client = registry_client({"url": url})
-    keys = {}
-    for path in ("direct", "spark_sql"):  # the record is named after the topic
+
+    def key_schema(path: str) -> str:  # the record is named after the topic
         subject = next(s for s in client.get_subjects() if s.startswith(f"d_{path}") and s.endswith("-key"))
-        keys[path] = client.get_latest_version(subject).schema.schema_str.replace(subject.removesuffix("-key"), "<topic>")
+        return client.get_latest_version(subject).schema.schema_str.replace(subject.removesuffix("-key"), "<topic>")
+
+    keys = {"direct": key_schema("direct"), "spark_sql": spark_sql_golden.spark_sql_outcome(names(tmp_path, src=src), lambda: key_schema("spark_sql"))}
     assert keys["direct"] == keys["spark_sql"] and "_key" in keys["direct"], keys
     assert direct.schema_evolution["key_subject_schema_id"] is not None and sql.schema_evolution["key_subject_schema_id"] is not None

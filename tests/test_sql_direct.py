@@ -1,8 +1,8 @@
 """The direct path of a SQL source (engine/direct_sql.py): the rows go from Spark's JDBC read to
 Python tasks that write and keep the messages, the driver judges the batch, the tasks produce.
 Against the real PostgreSQL, the real broker and a real Spark session: the same messages as the
-Spark SQL path, the batches only that path decides go there, and a fault mid-delivery moves no
-watermark and loses nothing."""
+Spark SQL path (its outcomes stored under tests/golden/spark_sql/), the batches only that path
+decides go there, and a fault mid-delivery moves no watermark and loses nothing."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg2
 import pytest
+import spark_sql_golden
 from conftest import (
     PG_HOST,
     PG_PORT,
@@ -29,6 +30,7 @@ from conftest import (
     once_delivering,
     unique_topic,
 )
+from spark_sql_golden import names, on_both_paths, without_timestamp
 
 from dpone_dagster.direct import sql_task
 from dpone_dagster.embedded_broker import EmbeddedBroker
@@ -111,17 +113,19 @@ def run_both(
     bs: str, spark: Any, tmp_path: Path, monkeypatch: Any, strategy: str, sink_options: str = "{}", quality: str = ""
 ) -> list[tuple[Any, list[dict]]]:
     """The same manifest on each path, each into its own target: [(result, records)] direct first."""
-    out = []
-    for path in ("direct", "spark_sql"):
-        if path == "spark_sql":
-            monkeypatch.setenv("DPONE_DIRECT_PATH", "off")
-        dst = unique_topic(f"sqld_{path}")
+
+    def run(path: str, dst: str) -> tuple[Any, list[dict]]:
         create_topic(bs, dst, 2)
         text = manifest_text(dst, tmp_path / path, strategy, sink_options, quality)
         result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id="sqldirect"))
-        out.append((result, consume_raw(bs, dst, expected=result.messages_produced)))
-    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
-    return out
+        return result, [without_timestamp(r) for r in consume_raw(bs, dst, expected=result.messages_produced)]
+
+    direct = run("direct", unique_topic("sqld_direct"))
+    dst = unique_topic("sqld_spark_sql")
+    with monkeypatch.context() as patched:
+        patched.setenv("DPONE_DIRECT_PATH", "off")
+        sql = spark_sql_golden.spark_sql_outcome(names(tmp_path, dst=dst), lambda: run("spark_sql", dst))
+    return [direct, sql]
 
 
 def messages(records: list[dict]) -> Counter:
@@ -232,18 +236,16 @@ def test_keys_that_repeat_where_every_row_is_published_keep_their_source_order(b
     if "placed_on" in strategy:
         execute(db, "UPDATE orders SET placed_on = date '2026-01-01' + (order_id % 15)::int")
     partitioned = "{incremental_column: updated_at, partition_column: order_id, num_partitions: 3, lower_bound: 1, upper_bound: 300}"
-    results = {}
-    for path in ("direct", "spark_sql"):
-        dst = unique_topic(f"sqld_order_{path}")
+
+    def one(path: str, dst: str) -> list[dict]:
         create_topic(broker.bootstrap_servers, dst, 2)
         text = manifest_text(dst, tmp_path / path, strategy).replace("{incremental_column: updated_at, batch_size: 100}", partitioned)
-        with monkeypatch.context() as patched:
-            if path == "spark_sql":
-                patched.setenv("DPONE_DIRECT_PATH", "off")
-            result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id=f"sqld-order-{path}"))
+        result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id=f"sqld-order-{path}"))
         assert result.execution_path == path, result.notes
         assert not kept_directory_exists(spark, result.run_id)
-        results[path] = consume_raw(broker.bootstrap_servers, dst)
+        return [without_timestamp(r) for r in consume_raw(broker.bootstrap_servers, dst)]
+
+    results = on_both_paths(monkeypatch, tmp_path, one, {"dst": "sqld_order"})
     direct, sql = results["direct"], results["spark_sql"]
     assert len(direct) == 300 and messages(direct) == messages(sql)
 
@@ -301,21 +303,20 @@ def test_rows_the_sink_cannot_take_refuse_the_batch_as_on_the_spark_sql_path(bro
     create_orders(db, extra=", __dpone__op text")
     if change:
         execute(db, change)
-    failures = {}
-    for path in ("direct", "spark_sql"):
-        dst = unique_topic(f"sqld_{case}_{path}")
+
+    def one(path: str, dst: str) -> str:
         create_topic(broker.bootstrap_servers, dst, 2)
         m = parse_manifest(manifest_text(dst, tmp_path / path, strategy, options))
         with monkeypatch.context() as patched, pytest.raises(error, match=refusal) as refused:
-            if path == "spark_sql":
-                patched.setenv("DPONE_DIRECT_PATH", "off")
-            else:
+            if path == "direct":
                 patched.setattr(run_module, "shape_messages", lambda *a, **k: pytest.fail("the Spark SQL path shaped the batch"))
             run_pipeline(m, spark, RunRequest(run_id=f"sqld-{case}-{path}"))
-        failures[path] = str(refused.value)
         assert consume_raw(broker.bootstrap_servers, dst, timeout_s=5) == []
         assert stored_watermark(m) is None
         assert not kept_directory_exists(spark, f"sqld-{case}-{path}")
+        return str(refused.value)
+
+    failures = on_both_paths(monkeypatch, tmp_path, one, {"dst": f"sqld_{case.replace(' ', '_')}"})
     assert failures["direct"] == failures["spark_sql"]
 
 
@@ -402,21 +403,20 @@ def test_duplicate_policy_fail_refuses_repeated_keys_on_the_direct_path(broker, 
     from dpone_dagster.sinks import kafka_messages
 
     create_orders(db)
-    failures = {}
-    for path in ("direct", "spark_sql"):
-        dst = unique_topic(f"sqld_fail_{path}")
+
+    def one(path: str, dst: str) -> str:
         create_topic(broker.bootstrap_servers, dst, 2)
         m = parse_manifest(manifest_text(dst, tmp_path / path, "{mode: incremental_merge, unique_key: customer, duplicate_policy: fail}"))
         with monkeypatch.context() as patched, pytest.raises(RunFailed, match="duplicate_policy: fail") as refused:
             if path == "direct":
                 patched.setattr(kafka_messages, "duplicate_keys", lambda *a, **k: pytest.fail("the Spark SQL path judged the keys"))
-            else:
-                patched.setenv("DPONE_DIRECT_PATH", "off")
             run_pipeline(m, spark, RunRequest(run_id=f"sqld-fail-{path}"))
-        failures[path] = re.sub(r"\(e\.g\. \[.*?\]\)", "(e.g. ...)", str(refused.value))  # Spark samples any ten keys
         assert consume_raw(broker.bootstrap_servers, dst, timeout_s=5) == []
         assert stored_watermark(m) is None
         assert not kept_directory_exists(spark, f"sqld-fail-{path}")
+        return re.sub(r"\(e\.g\. \[.*?\]\)", "(e.g. ...)", str(refused.value))  # Spark samples any ten keys
+
+    failures = on_both_paths(monkeypatch, tmp_path, one, {"dst": "sqld_fail"})
     assert failures["direct"] == failures["spark_sql"] and "149 key(s)" in failures["direct"]
 
     (direct, direct_records), (sql, sql_records) = run_both(
@@ -456,18 +456,16 @@ def test_keys_that_repeat_past_the_drivers_bounds_are_settled_by_spark(broker, s
     settle = direct_sql._settle_in_spark
     monkeypatch.setattr(direct_sql, "_settle_in_spark", lambda *args: settled.append(args[-2]) or settle(*args))
     read = "{incremental_column: updated_at, partition_column: order_id, num_partitions: 3, lower_bound: 1, upper_bound: 300}" if partitioned else None
-    results = {}
-    for path in ("direct", "spark_sql"):
-        dst = unique_topic(f"sqld_past_{path}")
+
+    def one(path: str, dst: str) -> tuple[Any, list[dict]]:
         create_topic(broker.bootstrap_servers, dst, 2)
         text = manifest_text(dst, tmp_path / path, strategy)
         text = text.replace("{incremental_column: updated_at, batch_size: 100}", read) if read else text
-        with monkeypatch.context() as patched:
-            if path == "spark_sql":
-                patched.setenv("DPONE_DIRECT_PATH", "off")
-            result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id=f"sqld-past-{path}"))
+        result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id=f"sqld-past-{path}"))
         assert result.execution_path == path, result.notes
-        results[path] = (result, sorted(consume_raw(broker.bootstrap_servers, dst), key=lambda r: (r["partition"], r["offset"])))
+        return result, sorted((without_timestamp(r) for r in consume_raw(broker.bootstrap_servers, dst)), key=lambda r: (r["partition"], r["offset"]))
+
+    results = on_both_paths(monkeypatch, tmp_path, one, {"dst": "sqld_past"})
     why = {"MAX_HASHED_ROWS": "keyed rows", "MAX_CANDIDATES": "keys that may repeat", "MAX_LISTED": "rows of keys that may repeat", "MAX_TASK_HASHES": "keyed rows in one task"}[bound]
     assert settled == [f"more than {value:,} {why}"], settled
     (direct, direct_records), (sql, sql_records) = results["direct"], results["spark_sql"]
@@ -647,10 +645,8 @@ def test_a_checks_only_run_judges_the_batch_as_the_spark_sql_path_and_registers_
         "{type: great_expectations, expectation_type: expect_column_values_to_be_between, kwargs: {column: amount, max_value: 5000}}]"
     )
     selected = frozenset({"min_rows", "unique_order_id", "ge_expect_column_values_to_be_between_amount"})
-    outcomes = {}
-    for path in ("direct", "spark_sql"):
-        monkeypatch.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
-        dst = unique_topic(f"sqld_checks_{path}")
+
+    def one(path: str, dst: str) -> tuple:
         create_topic(broker.bootstrap_servers, dst, 2)
         text = manifest_text(dst, tmp_path / path, "{mode: incremental_append, unique_key: order_id}", "{message_format: avro, schema_registry: {enabled: true}}", f"quality: {{checks: {checks}}}")
         m = parse_manifest(text)
@@ -662,8 +658,9 @@ def test_a_checks_only_run_judges_the_batch_as_the_spark_sql_path_and_registers_
         assert stored_watermark(m) is None
         assert not [s for s in registry_client({"url": url}).get_subjects() if s.startswith(dst)]
         assert not kept_directory_exists(spark, judged.run_id)
-        outcomes[path] = ([(g["name"], g["passed"], g["observed"]) for g in judged.gates], judged.rows_extracted, judged.messages_produced)
-    monkeypatch.delenv("DPONE_DIRECT_PATH", raising=False)
+        return ([(g["name"], g["passed"], g["observed"]) for g in judged.gates], judged.rows_extracted, judged.messages_produced)
+
+    outcomes = on_both_paths(monkeypatch, tmp_path, one, {"dst": "sqld_checks"})
     assert outcomes["direct"] == outcomes["spark_sql"]
     assert [(name, passed) for name, passed, _ in outcomes["direct"][0]] == [("min_rows", True), ("unique_order_id", True), ("ge_expect_column_values_to_be_between_amount", True)]
     assert outcomes["direct"][1:] == (300, 0)
@@ -974,9 +971,8 @@ def test_an_mssql_cdc_batch_takes_the_direct_path_with_the_spark_sql_paths_messa
     in that order. The direct path writes what the Spark SQL path writes, in the same order per
     key, and stores the planned LSN as the watermark."""
     fake_mssql_cdc(spark, monkeypatch, cdc_changes())
-    results, stored = {}, {}
-    for path in ("direct", "spark_sql"):
-        dst = unique_topic(f"sqld_cdc_{path}")
+
+    def one(path: str, dst: str) -> tuple[list[dict], Any]:
         create_topic(broker.bootstrap_servers, dst, 2)
         text = (
             manifest_text(dst, tmp_path / path, f"{{mode: cdc, unique_key: order_id, duplicate_policy: {policy}}}", "{deletes: {enabled: true, tombstone: true}}")
@@ -985,14 +981,14 @@ def test_an_mssql_cdc_batch_takes_the_direct_path_with_the_spark_sql_paths_messa
             .replace("{incremental_column: updated_at, batch_size: 100}", "{}")
         )
         manifest = parse_manifest(text)
-        with monkeypatch.context() as patched:
-            if path == "spark_sql":
-                patched.setenv("DPONE_DIRECT_PATH", "off")
-            result = run_pipeline(manifest, spark, RunRequest(run_id=f"sqld-cdc-{path}"))
+        result = run_pipeline(manifest, spark, RunRequest(run_id=f"sqld-cdc-{path}"))
         assert result.execution_path == path, result.notes
         assert not kept_directory_exists(spark, result.run_id)
-        results[path] = sorted(consume_raw(broker.bootstrap_servers, dst), key=lambda r: (r["partition"], r["offset"]))
-        stored[path] = open_manifest_state_store(manifest).load_watermark(manifest.name)
+        records = sorted((without_timestamp(r) for r in consume_raw(broker.bootstrap_servers, dst)), key=lambda r: (r["partition"], r["offset"]))
+        return records, open_manifest_state_store(manifest).load_watermark(manifest.name)
+
+    both = on_both_paths(monkeypatch, tmp_path, one, {"dst": "sqld_cdc"})
+    results, stored = {path: both[path][0] for path in both}, {path: both[path][1] for path in both}
     direct, sql = results["direct"], results["spark_sql"]
     assert messages(direct) == messages(sql)
     assert stored["direct"] == stored["spark_sql"] and stored["direct"]["value"] == CDC_MAX_LSN
@@ -1161,22 +1157,21 @@ def test_a_batch_with_nothing_to_read_is_judged_on_the_direct_path_as_on_the_spa
     else:
         create_orders(db, rows=0)
     quality = "quality:\n  checks:\n    - {type: min_rows, threshold: 1}\n    - {type: not_null, columns: [order_id]}\n"
-    outcomes, stored = {}, {}
-    for path in ("direct", "spark_sql"):
-        dst = unique_topic(f"sqld_empty_{path}")
+
+    def one(path: str, dst: str) -> tuple[dict[str, Any], Any]:
         create_topic(broker.bootstrap_servers, dst, 2)
         text = manifest_text(dst, tmp_path / path, "{mode: cdc, unique_key: order_id}" if cdc else "{mode: incremental_append, unique_key: order_id}", quality=quality)
         if cdc:
             text = text.replace("type: postgres", "type: mssql").replace("{schema: public, name: orders}", "{schema: dbo, name: orders}")
             text = text.replace("{incremental_column: updated_at, batch_size: 100}", "{}")
         manifest = parse_manifest(text)
-        with monkeypatch.context() as patched:
-            patched.setenv("DPONE_DIRECT_PATH", "on" if path == "direct" else "off")
-            result = run_pipeline(manifest, spark)
+        result = run_pipeline(manifest, spark)
         assert result.execution_path == path, result.notes
         assert result.status == "success" and result.messages_produced == 0 == len(consume_raw(broker.bootstrap_servers, dst, expected=0))
-        outcomes[path] = outcome_of(result)
-        stored[path] = open_manifest_state_store(manifest).load_watermark(manifest.name)
+        return outcome_of(result), open_manifest_state_store(manifest).load_watermark(manifest.name)
+
+    both = on_both_paths(monkeypatch, tmp_path, one, {"dst": "sqld_empty"})
+    outcomes, stored = {path: both[path][0] for path in both}, {path: both[path][1] for path in both}
     assert outcomes["direct"] == outcomes["spark_sql"]
     assert stored["direct"] == stored["spark_sql"]
     assert [(g["passed"], g["skipped"]) for g in outcomes["direct"]["gates"]] == [(True, True)] * 2, outcomes["direct"]["gates"]
