@@ -3,8 +3,12 @@ wrote, renamed to the names of the run reading it. No broker, no Spark."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import spark_sql_golden
@@ -51,3 +55,17 @@ def test_a_failed_run_is_raised_again_with_its_result(tmp_path, monkeypatch):
     assert again.value.result.rows_extracted == 3
     with pytest.raises(AssertionError, match="holds 1 Spark SQL run"):
         spark_sql_golden.spark_sql_outcome({"dst": "dst_9876543210"}, refused)
+
+
+def test_every_stored_outcome_belongs_to_a_test():
+    """A stored file whose test was renamed or removed is left over: the store holds only what the
+    tests read (collected without running them)."""
+    stored = {path: json.loads(gzip.decompress(path.read_bytes()))["test"] for path in spark_sql_golden.GOLDEN.rglob("*.json.gz")}
+    modules = sorted({test.partition("::")[0] for test in stored.values()})
+    root = Path(__file__).parent.parent
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *modules],
+        cwd=root, capture_output=True, text=True, timeout=300, check=True,
+    ).stdout.splitlines()
+    left_over = sorted(str(path.relative_to(root)) for path, test in stored.items() if test not in collected or spark_sql_golden.golden_file(test) != path)
+    assert stored and not left_over, left_over
