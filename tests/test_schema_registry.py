@@ -734,3 +734,13 @@ def test_end_to_end_avro_through_the_broker(spark, broker, client):
     received = _consume_values(bs, dst)
     assert sorted((deserializer(v, ctx(dst)) for _, v in received), key=lambda r: r["id"]) == ROWS
     assert sorted(k for k, _ in received) == [b"1", b"2", b"3"]
+
+
+def test_the_registry_client_loads_only_when_a_run_uses_it():
+    """confluent-kafka's registry client (with httpx and authlib, ~0.2 s to import) is loaded on
+    first use, not by importing the engine or the CLI: a run without a registry starts without it."""
+    import subprocess
+
+    code = "import sys, dpone_dagster.cli, dpone_dagster.engine.run; print(sorted(m for m in ('confluent_kafka.schema_registry', 'httpx') if m in sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout.strip()
+    assert loaded == "[]", loaded

@@ -21,17 +21,23 @@ import ssl
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
-
-import httpx
-from confluent_kafka.schema_registry import RegisteredSchema, Schema, SchemaReference, SchemaRegistryClient
-from confluent_kafka.schema_registry.error import SchemaRegistryError
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from dpone_dagster.errors import ConfigError
 from dpone_dagster.redact import redact_text
 
 # Re-exported (used in six modules, read as `registry.DEFAULT_KEY` by tests); defined with the value contract.
 from dpone_dagster.schema.values import DEFAULT_KEY as DEFAULT_KEY
+
+if TYPE_CHECKING:
+    from confluent_kafka.schema_registry import (
+        RegisteredSchema,
+        Schema,
+        SchemaReference,
+        SchemaRegistryClient,
+    )
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 # Manifest message_format -> registry schema type.
 SCHEMA_TYPES = {"avro": "AVRO", "json_schema": "JSON", "protobuf": "PROTOBUF"}
@@ -71,6 +77,27 @@ def schema_type_of(fmt_or_type: str) -> str:
 
 # --------------------------------------------------------------------------- client (driver only)
 
+def client_module() -> ModuleType:
+    """confluent-kafka's registry client, loaded on first use: with httpx and authlib it takes
+    ~0.2 s to import, which a run without a registry does not pay."""
+    import confluent_kafka.schema_registry
+
+    return confluent_kafka.schema_registry
+
+
+def registry_error() -> type[SchemaRegistryError]:
+    """The error a registry answer raises (an `except` names it only once an error is raised)."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    return SchemaRegistryError
+
+
+def http_error() -> type[Exception]:
+    import httpx
+
+    return httpx.HTTPError
+
+
 _MOCK_CLIENTS: dict[str, SchemaRegistryClient] = {}
 
 
@@ -92,9 +119,9 @@ def registry_client(config: Mapping[str, Any]) -> SchemaRegistryClient:
     url = str(conf.get("url") or "")
     if url.startswith("mock://"):
         if url not in _MOCK_CLIENTS:
-            _MOCK_CLIENTS[url] = SchemaRegistryClient.new_client(conf)
+            _MOCK_CLIENTS[url] = client_module().SchemaRegistryClient.new_client(conf)
         return _MOCK_CLIENTS[url]
-    client = SchemaRegistryClient(conf)
+    client = client_module().SchemaRegistryClient(conf)
     if tls:
         _use_tls(client, registry_ssl_context(tls))
     return client
@@ -133,6 +160,8 @@ def _use_tls(client: SchemaRegistryClient, context: ssl.SSLContext) -> None:
             "context; install the confluent-kafka version pinned by the project"
         )
     rest.session.close()
+    import httpx
+
     rest.session = httpx.Client(
         verify=context,
         auth=getattr(rest, "auth", None),
@@ -163,7 +192,7 @@ def fetch_latest(client: SchemaRegistryClient, subject: str, message_format: str
     message_format protobuf the schema comes serialized (see the module docstring)."""
     try:
         latest = client.get_latest_version(subject, fmt=read_format(message_format))
-    except SchemaRegistryError as error:
+    except registry_error() as error:
         if _not_found(error):
             return None
         raise _registry_error("reading the latest version", subject, error) from error
@@ -176,7 +205,7 @@ def fetch_versions(client: SchemaRegistryClient, subject: str, message_format: s
     try:
         versions = sorted(client.get_versions(subject))
         found = [client.get_version(subject, v, fmt=read_format(message_format)) for v in versions]
-    except SchemaRegistryError as error:
+    except registry_error() as error:
         if _not_found(error):
             return []
         raise _registry_error("listing versions", subject, error) from error
@@ -217,12 +246,12 @@ def ensure_registered(
     Compatibility is checked before this is called (`schema.evolution`, and `schema.avro_compat` for
     Avro): the mock registry checks nothing, and a real one would only answer with a bare 409.
     """
-    schema = Schema(schema_str, schema_type_of(schema_type), list(references or []))
+    schema = client_module().Schema(schema_str, schema_type_of(schema_type), list(references or []))
     try:
         if auto_register:
             return int(client.register_schema(subject, schema))
         return int(client.lookup_schema(subject, schema).schema_id)
-    except SchemaRegistryError as error:
+    except registry_error() as error:
         if auto_register or not _not_found(error):
             raise _registry_error("registering the schema" if auto_register else "looking up the schema", subject, error) from error
     latest = fetch_latest(client, subject)
@@ -255,18 +284,18 @@ def ensure_references(
     done: dict[str, SchemaReference] = {}
     for file in files:
         refs = [done[name] for name in file.imports if name in done]
-        schema = Schema(file.schema_str, schema_type_of(schema_type), refs)
+        schema = client_module().Schema(file.schema_str, schema_type_of(schema_type), refs)
         try:
             if auto_register:
                 client.register_schema(file.name, schema)
             registered = client.lookup_schema(file.name, schema)
-        except SchemaRegistryError as error:
+        except registry_error() as error:
             raise ConfigError(
                 f"schema registry: referenced schema {file.name!r} is not registered"
                 + ("" if auto_register else " and auto_register_schemas is false; register it first")
                 + f" ({error})"
             ) from error
-        done[file.name] = SchemaReference(file.name, file.name, registered.version)
+        done[file.name] = client_module().SchemaReference(file.name, file.name, registered.version)
     return done
 
 
@@ -283,7 +312,7 @@ def schemas_by_id(
     for schema_id in sorted(set(ids)):
         try:
             schema = client.get_schema(schema_id, fmt=read_format(message_format))
-        except SchemaRegistryError as error:
+        except registry_error() as error:
             if _not_found(error):
                 continue
             raise _registry_error(f"reading schema id {schema_id}", "-", error) from error
@@ -304,7 +333,7 @@ def _serialized_by_id(client: SchemaRegistryClient, schema_id: int) -> Schema:
     try:
         for holder in client.get_schema_versions(schema_id):
             return client.get_version(holder.subject, holder.version, fmt=SERIALIZED).schema
-    except SchemaRegistryError as error:
+    except registry_error() as error:
         raise _registry_error(f"reading protobuf schema id {schema_id} serialized", "-", error) from error
     raise ConfigError(
         f"schema registry: protobuf schema id {schema_id} came back as .proto text and is registered under "
@@ -321,7 +350,7 @@ def references_by_id(client: SchemaRegistryClient, ids: Iterable[int]) -> dict[i
     for schema_id in sorted(set(ids)):
         try:
             schema = client.get_schema(schema_id)
-        except SchemaRegistryError:
+        except registry_error():
             continue
         if schema.references:
             files: dict[str, str] = {}
@@ -354,11 +383,11 @@ def registry_errors(config: Mapping[str, Any]) -> Iterator[None]:
     url = str(config.get("url", ""))
     try:
         yield
-    except SchemaRegistryError as error:
+    except registry_error() as error:
         classified = classify_registry(getattr(error, "http_status_code", None), str(error))
         if classified.kind == "retriable":
             raise ConfigError(redact_text(classified.message(f"{url}: {error}"))) from None
         raise
-    except (httpx.HTTPError, OSError) as error:
+    except (http_error(), OSError) as error:
         # The URL may carry user:password and the transport error may echo it.
         raise ConfigError(redact_text(classify_registry(None).message(f"{url}: {type(error).__name__}: {error}"))) from None
