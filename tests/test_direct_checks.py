@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 import spark_sql_golden
 from conftest import consume_raw, create_topic, produce_json, unique_topic
-from spark_sql_golden import names
+from spark_sql_golden import any_sample, names
 from test_direct_path import manifest_text
 
 from dpone_dagster.engine.run import RunRequest, run_pipeline
@@ -162,7 +162,9 @@ def test_accepted_values_and_not_null_compare_as_spark_does():
 
 
 def comparable(gate: dict[str, Any]) -> dict[str, Any]:
-    """A gate without what depends on the moment it ran (a freshness age)."""
+    """A gate without what depends on the moment it ran (a freshness age) or on the order Spark's
+    tasks ran in (which failing rows make the sample)."""
+    gate = any_sample(gate)
     if gate["check_type"] != "freshness":
         return gate
     return {**gate, "observed": None, "description": gate["description"].split(", ")[0]}
@@ -259,7 +261,7 @@ def test_records_without_their_key_count_before_de_duplication_only(broker, spar
         source_options="on_error: skip",
     )
     assert direct.execution_path == "direct" and direct.rows_skipped == sql.rows_skipped == 6
-    assert direct.gates == sql.gates
+    assert [comparable(g) for g in direct.gates] == [comparable(g) for g in sql.gates]
     assert [g["observed"] for g in direct.gates] == [12, 6]  # extracted: every fifth; published: not the keyless
 
 
@@ -309,7 +311,7 @@ def test_checks_spark_sql_judges_run_on_the_direct_path(broker, spark, kafka_env
     direct, sql = run_on_both(bs, spark, src, tmp_path, monkeypatch, strategy, SPARK_CHECKS, source_options="on_error: skip")
     assert direct.execution_path == "direct" and sql.execution_path == "spark_sql", direct.notes
     assert direct.duplicates_removed == sql.duplicates_removed and direct.rows_skipped == sql.rows_skipped == 10
-    assert direct.gates == sql.gates
+    assert [comparable(g) for g in direct.gates] == [comparable(g) for g in sql.gates]
     observed = {g["name"]: (g["passed"], g["observed"]) for g in direct.gates}
     # 120 records, 10 without their key (skipped), 38 keys kept once each (keep_last).
     assert observed == {

@@ -30,7 +30,7 @@ from conftest import (
     once_delivering,
     unique_topic,
 )
-from spark_sql_golden import names, on_both_paths, without_timestamp
+from spark_sql_golden import any_sample, names, on_both_paths, without_timestamp
 
 from dpone_dagster.direct import sql_task
 from dpone_dagster.embedded_broker import EmbeddedBroker
@@ -594,6 +594,7 @@ def test_row_checks_and_great_expectations_judge_the_rows_the_direct_path_writes
     assert len(direct_records) == 300
 
     def comparable(gate: dict) -> dict:  # a freshness age depends on the moment it ran
+        gate = any_sample(gate)
         return {**gate, "observed": None, "description": None} if gate["check_type"] == "freshness" else gate
 
     assert [comparable(g) for g in direct.gates] == [comparable(g) for g in sql.gates]
