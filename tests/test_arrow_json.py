@@ -12,8 +12,12 @@ import pytest
 from pyspark.sql.types import (
     ArrayType,
     BooleanType,
+    ByteType,
     DoubleType,
+    FloatType,
+    IntegerType,
     LongType,
+    ShortType,
     StringType,
     StructField,
     StructType,
@@ -99,8 +103,35 @@ def test_anything_pyarrow_might_read_differently_goes_to_the_jvm(value):
     assert decode(b'{"id": 1}', value) is None
 
 
+INTEGERS = arrow_schema(struct(("i", IntegerType()), ("s", ShortType()), ("b", ByteType())))
+
+
+@pytest.mark.parametrize(
+    "value, decoded",
+    [
+        (b'{"i": 2147483647, "s": -32768, "b": 127}', {"i": 2147483647, "s": -32768, "b": 127}),
+        (b'{"i": -0, "s": null}', {"i": 0, "s": None, "b": None}),
+        (b'{"i": 2147483648}', None),  # past the type: corrupt for Spark, so the JVM decides
+        (b'{"s": 32768}', None),
+        (b'{"b": -129}', None),
+        (b'{"i": 1.0}', None),
+        (b'{"i": 1e2}', None),
+        (b'{"i": "1"}', None),
+        (b'{"b": true}', None),
+    ],
+)
+def test_declared_integers_are_decoded_here_only_within_their_type(value, decoded):
+    columns = decode_values(pa.array([b'{"i": 1}', value], pa.binary()), INTEGERS)
+    if decoded is None:
+        assert columns is None
+    else:
+        assert pa.Table.from_arrays(columns, schema=INTEGERS).to_pylist()[1] == decoded
+
+
 def test_only_types_with_identical_semantics_are_decoded_here():
     assert arrow_schema(struct(("at", TimestampType()))) is None
+    assert arrow_schema(struct(("ratio", FloatType()))) is None  # pyarrow would round through a double
+    assert INTEGERS == pa.schema([("i", pa.int32()), ("s", pa.int16()), ("b", pa.int8())])
     assert arrow_schema(struct(("tags", ArrayType(struct(("at", TimestampType())))))) is None
     assert arrow_schema(SCHEMA) == pa.schema(
         [

@@ -7,7 +7,17 @@ import json
 
 from conftest import create_topic, produce_json, unique_topic
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, DoubleType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    ByteType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from dpone_dagster import columns as C
 from dpone_dagster.kafka.boundary import ReadTask
@@ -90,3 +100,37 @@ def test_a_batch_decoded_in_its_read_tasks_is_kept_as_they_handed_it_over(broker
         assert by_offset[len(CLEAN) + 1]["tags"] == [] and by_offset[3]["amount"] == 0.75
     finally:
         release_batch(kept)
+
+
+def test_declared_integers_decode_in_the_read_tasks_as_the_jvm_decodes_them(broker, spark):
+    """Columns declared int, smallint and tinyint: a batch whose values all fit is decoded in its
+    read task, with the JVM's rows; a value past its type, or of another JSON type, leaves the
+    batch to the JVM, which makes those records corrupt or reads them by its own rules."""
+    schema = StructType(
+        [StructField("order_id", IntegerType()), StructField("qty", ShortType()), StructField("flag", ByteType()), StructField("note", StringType())]
+    )
+    bs = broker.bootstrap_servers
+    topic = unique_topic("ints")
+    create_topic(bs, topic, 2)
+    bounds = [(2**31 - 1, 2**15 - 1, 127), (-(2**31), -(2**15), -128), (0, None, 0)]
+    clean = [{"order_id": i, "qty": q, "flag": f, "note": "n"} for i, q, f in bounds * 10]
+    odd = [b'{"order_id": 2147483648}', b'{"qty": 32768}', b'{"flag": -129}', b'{"order_id": 1.0}', b'{"qty": "7"}', b'{"flag": true}']
+    produce_json(bs, topic, clean, partition=0)
+    produce_json(bs, topic, clean[:3] + odd, partition=1)
+    tasks = [ReadTask(0, topic, 0, 0, len(clean)), ReadTask(1, topic, 1, 0, 3 + len(odd))]
+    settings = ReaderSettings({"bootstrap.servers": bs}, "g-ints")
+
+    prepared = read_ranges(spark, tasks, settings, schema)
+    flags = sorted({(r["partition"], r[JSON_OK]) for r in prepared.select("partition", JSON_OK).collect()})
+    assert flags == [(0, True), (1, False)]
+
+    def rows_of(df) -> list[str]:
+        keep = [*schema.fieldNames(), C.OP, C.SOURCE_PARTITION, C.SOURCE_OFFSET, C.CORRUPT]
+        return sorted(json.dumps(r.asDict(recursive=True), sort_keys=True, default=str) for r in df.select(*keep).collect())
+
+    fast = decode_json(prepared, schema, "flat", detect_unknown=False)
+    jvm = decode_json(read_ranges(spark, tasks, settings), schema, "flat", detect_unknown=False)
+    assert rows_of(fast) == rows_of(jvm)
+    by_offset = {(r[C.SOURCE_PARTITION], r[C.SOURCE_OFFSET]): r for r in jvm.collect()}
+    assert (by_offset[(0, 1)]["order_id"], by_offset[(0, 1)]["qty"], by_offset[(0, 1)]["flag"]) == (-(2**31), -(2**15), -128)
+    assert [by_offset[(1, 3 + i)][C.CORRUPT] is not None for i in range(len(odd))] == [True] * len(odd), [by_offset[(1, 3 + i)] for i in range(len(odd))]

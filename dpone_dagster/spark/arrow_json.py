@@ -18,18 +18,35 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
-from pyspark.sql.types import ArrayType, BooleanType, DataType, DoubleType, LongType, StringType, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    ByteType,
+    DataType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructType,
+)
 
 # A first line that is an object: pyarrow crashes (SIGSEGV, 26.0) on a buffer whose first row
 # is a JSON `null`; with this line first no later row can be the first.
 _SENTINEL = b"{}"
 
 
+# Integer types a manifest may declare (`int`, `smallint`, `tinyint`): pyarrow reads only an
+# integer token in the type's range, which Spark reads as the same value; any other token (1.0,
+# "1", an overflow: corrupt for Spark) fails the Arrow batch, which the JVM then decodes.
+_INTEGERS = {LongType: pa.int64(), IntegerType: pa.int32(), ShortType: pa.int16(), ByteType: pa.int8()}
+
+
 def arrow_type(dtype: DataType) -> pa.DataType | None:
     """The Arrow type the reader decodes `dtype` into, or None when the fast path does not
-    support it (the types schema inference produces are supported)."""
-    if isinstance(dtype, LongType):
-        return pa.int64()
+    support it (the types schema inference produces are supported, and declared integers)."""
+    if type(dtype) in _INTEGERS:
+        return _INTEGERS[type(dtype)]
     if isinstance(dtype, DoubleType):
         return pa.float64()
     if isinstance(dtype, BooleanType):
