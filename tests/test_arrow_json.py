@@ -114,6 +114,7 @@ INTEGERS = arrow_schema(struct(("i", IntegerType()), ("s", ShortType()), ("b", B
         (b'{"i": 2147483648}', None),  # past the type: corrupt for Spark, so the JVM decides
         (b'{"s": 32768}', None),
         (b'{"b": -129}', None),
+        (b'{"b": 200}', None),  # Spark wraps it to -56: its decoder reads that batch
         (b'{"i": 1.0}', None),
         (b'{"i": 1e2}', None),
         (b'{"i": "1"}', None),

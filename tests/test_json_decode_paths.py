@@ -114,7 +114,7 @@ def test_declared_integers_decode_in_the_read_tasks_as_the_jvm_decodes_them(brok
     create_topic(bs, topic, 2)
     bounds = [(2**31 - 1, 2**15 - 1, 127), (-(2**31), -(2**15), -128), (0, None, 0)]
     clean = [{"order_id": i, "qty": q, "flag": f, "note": "n"} for i, q, f in bounds * 10]
-    odd = [b'{"order_id": 2147483648}', b'{"qty": 32768}', b'{"flag": -129}', b'{"order_id": 1.0}', b'{"qty": "7"}', b'{"flag": true}']
+    odd = [b'{"order_id": 2147483648}', b'{"qty": 32768}', b'{"flag": -129}', b'{"order_id": 1.0}', b'{"qty": "7"}', b'{"flag": true}', b'{"flag": 200}']
     produce_json(bs, topic, clean, partition=0)
     produce_json(bs, topic, clean[:3] + odd, partition=1)
     tasks = [ReadTask(0, topic, 0, 0, len(clean)), ReadTask(1, topic, 1, 0, 3 + len(odd))]
@@ -133,4 +133,6 @@ def test_declared_integers_decode_in_the_read_tasks_as_the_jvm_decodes_them(brok
     assert rows_of(fast) == rows_of(jvm)
     by_offset = {(r[C.SOURCE_PARTITION], r[C.SOURCE_OFFSET]): r for r in jvm.collect()}
     assert (by_offset[(0, 1)]["order_id"], by_offset[(0, 1)]["qty"], by_offset[(0, 1)]["flag"]) == (-(2**31), -(2**15), -128)
-    assert [by_offset[(1, 3 + i)][C.CORRUPT] is not None for i in range(len(odd))] == [True] * len(odd), [by_offset[(1, 3 + i)] for i in range(len(odd))]
+    corrupt = [by_offset[(1, 3 + i)][C.CORRUPT] is not None for i in range(len(odd))]
+    assert corrupt == [True] * (len(odd) - 1) + [False], [by_offset[(1, 3 + i)] for i in range(len(odd))]
+    assert by_offset[(1, 3 + len(odd) - 1)]["flag"] == -56  # Jackson's getByteValue wraps 128..255

@@ -37,8 +37,9 @@ _SENTINEL = b"{}"
 
 
 # Integer types a manifest may declare (`int`, `smallint`, `tinyint`): pyarrow reads only an
-# integer token in the type's range, which Spark reads as the same value; any other token (1.0,
-# "1", an overflow: corrupt for Spark) fails the Arrow batch, which the JVM then decodes.
+# integer token in the type's range, which Spark reads as the same value; any other token fails
+# the Arrow batch, which the JVM then decodes by its own rules (1.0, "1", an overflow: corrupt;
+# a tinyint from 128 to 255: wrapped to -128..-1, as Jackson's getByteValue reads it).
 _INTEGERS = {LongType: pa.int64(), IntegerType: pa.int32(), ShortType: pa.int16(), ByteType: pa.int8()}
 
 
