@@ -4,6 +4,7 @@ the JVM (`from_json`) give the same rows, on the embedded broker and the shared 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from conftest import create_topic, produce_json, unique_topic
 from pyspark.sql import functions as F
@@ -47,26 +48,30 @@ ODD = [
 ]
 
 
+def clean_and_odd(bs: str, spark: Any, schema: StructType, clean: list[Any], odd: list[Any]) -> tuple[Any, Any]:
+    """`clean` records in partition 0, `odd` ones in partition 1, read over two tasks: (the read
+    with the decoder of the read tasks, which must decode only the clean partition; the raw read)."""
+    topic = unique_topic("paths")
+    create_topic(bs, topic, 2)
+    produce_json(bs, topic, clean, partition=0)
+    produce_json(bs, topic, odd, partition=1)
+    tasks = [ReadTask(0, topic, 0, 0, len(clean)), ReadTask(1, topic, 1, 0, len(odd))]
+    settings = ReaderSettings({"bootstrap.servers": bs}, f"g-{topic}")
+    prepared = read_ranges(spark, tasks, settings, schema)
+    flags = sorted({(r["partition"], r[JSON_OK]) for r in prepared.select("partition", JSON_OK).collect()})
+    assert flags == [(0, True), (1, False)]  # the clean partition was decoded in its read task
+    return prepared, read_ranges(spark, tasks, settings)
+
+
 def rows(df):
     keep = [*SCHEMA.fieldNames(), C.OP, C.SOURCE_PARTITION, C.SOURCE_OFFSET, C.CORRUPT, C.UNKNOWN_KEYS]
     return sorted(json.dumps(r.asDict(recursive=True), sort_keys=True, default=str) for r in df.select(*keep).collect())
 
 
 def test_fast_and_jvm_decoders_give_the_same_rows(broker, spark):
-    bs = broker.bootstrap_servers
-    topic = unique_topic("paths")
-    create_topic(bs, topic, 2)
-    produce_json(bs, topic, CLEAN, partition=0)
-    produce_json(bs, topic, CLEAN[:5] + ODD, partition=1)
-    tasks = [ReadTask(0, topic, 0, 0, len(CLEAN)), ReadTask(1, topic, 1, 0, 5 + len(ODD))]
-    settings = ReaderSettings({"bootstrap.servers": bs}, "g-paths")
-
-    prepared = read_ranges(spark, tasks, settings, SCHEMA)
-    flags = sorted({(r["partition"], r[JSON_OK]) for r in prepared.select("partition", JSON_OK).collect()})
-    assert flags == [(0, True), (1, False)]  # the clean partition was decoded in its read task
-
+    prepared, raw = clean_and_odd(broker.bootstrap_servers, spark, SCHEMA, CLEAN, CLEAN[:5] + ODD)
     fast = decode_json(prepared, SCHEMA, "flat", detect_unknown=True)
-    jvm = decode_json(read_ranges(spark, tasks, settings), SCHEMA, "flat", detect_unknown=True)
+    jvm = decode_json(raw, SCHEMA, "flat", detect_unknown=True)
     assert rows(fast) == rows(jvm)
 
     by_offset = {(r[C.SOURCE_PARTITION], r[C.SOURCE_OFFSET]): r for r in fast.collect()}
@@ -109,27 +114,17 @@ def test_declared_integers_decode_in_the_read_tasks_as_the_jvm_decodes_them(brok
     schema = StructType(
         [StructField("order_id", IntegerType()), StructField("qty", ShortType()), StructField("flag", ByteType()), StructField("note", StringType())]
     )
-    bs = broker.bootstrap_servers
-    topic = unique_topic("ints")
-    create_topic(bs, topic, 2)
     bounds = [(2**31 - 1, 2**15 - 1, 127), (-(2**31), -(2**15), -128), (0, None, 0)]
     clean = [{"order_id": i, "qty": q, "flag": f, "note": "n"} for i, q, f in bounds * 10]
     odd = [b'{"order_id": 2147483648}', b'{"qty": 32768}', b'{"flag": -129}', b'{"order_id": 1.0}', b'{"qty": "7"}', b'{"flag": true}', b'{"flag": 200}']
-    produce_json(bs, topic, clean, partition=0)
-    produce_json(bs, topic, clean[:3] + odd, partition=1)
-    tasks = [ReadTask(0, topic, 0, 0, len(clean)), ReadTask(1, topic, 1, 0, 3 + len(odd))]
-    settings = ReaderSettings({"bootstrap.servers": bs}, "g-ints")
-
-    prepared = read_ranges(spark, tasks, settings, schema)
-    flags = sorted({(r["partition"], r[JSON_OK]) for r in prepared.select("partition", JSON_OK).collect()})
-    assert flags == [(0, True), (1, False)]
+    prepared, raw = clean_and_odd(broker.bootstrap_servers, spark, schema, clean, clean[:3] + odd)
 
     def rows_of(df) -> list[str]:
         keep = [*schema.fieldNames(), C.OP, C.SOURCE_PARTITION, C.SOURCE_OFFSET, C.CORRUPT]
         return sorted(json.dumps(r.asDict(recursive=True), sort_keys=True, default=str) for r in df.select(*keep).collect())
 
     fast = decode_json(prepared, schema, "flat", detect_unknown=False)
-    jvm = decode_json(read_ranges(spark, tasks, settings), schema, "flat", detect_unknown=False)
+    jvm = decode_json(raw, schema, "flat", detect_unknown=False)
     assert rows_of(fast) == rows_of(jvm)
     by_offset = {(r[C.SOURCE_PARTITION], r[C.SOURCE_OFFSET]): r for r in jvm.collect()}
     assert (by_offset[(0, 1)]["order_id"], by_offset[(0, 1)]["qty"], by_offset[(0, 1)]["flag"]) == (-(2**31), -(2**15), -128)
