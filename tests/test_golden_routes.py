@@ -160,10 +160,11 @@ state: {{type: local, path: {state}}}
 """
 
 
-def observed(bootstrap: str, topic: str) -> dict[str, Any]:
+def observed(bootstrap: str, topic: str, expected: int | None = None) -> dict[str, Any]:
     """What a topic holds, in a form that does not depend on the run: the messages (sorted), and
-    each key's values in the order they were written."""
-    records = sorted(consume_raw(bootstrap, topic, timeout_s=60), key=lambda r: (r["partition"], r["offset"]))
+    each key's values in the order they were written. `expected`: what the run's deliveries
+    acknowledged (a read that ends short is read again: conftest.consume_raw)."""
+    records = sorted(consume_raw(bootstrap, topic, timeout_s=60, expected=expected), key=lambda r: (r["partition"], r["offset"]))
 
     def text(data: bytes | None) -> str | None:
         """Printable UTF-8 (JSON, text keys) as text, anything else (registry framing) as hex."""
@@ -207,9 +208,9 @@ def test_route_writes_its_golden_output(broker, spark, kafka_env, tmp_path, monk
     result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id=f"golden-{route.name}"))
     assert result.status == "success"
     assert WRITE or result.execution_path == route.path, result.notes
-    got = {"target": observed(bs, dst)}
+    got = {"target": observed(bs, dst, result.messages_produced)}
     if route.dead_letters:
-        got["dead_letters"] = observed(bs, dlq)
+        got["dead_letters"] = observed(bs, dlq, result.rows_dead_lettered)
     check_golden(route.name, got)
 
 
@@ -238,7 +239,7 @@ def test_repeated_keys_ranked_by_spark_write_the_same_output(broker, spark, kafk
         text = manifest_text(route, src, dst, tmp_path / ranking)
         result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id=f"golden-{route.name}"))
         assert result.execution_path == "direct" and result.duplicates_removed > 0, result.notes
-        out[ranking] = (observed(bs, dst), result.duplicates_removed)
+        out[ranking] = (observed(bs, dst, result.messages_produced), result.duplicates_removed)
     assert len(ranked) == 1  # the second run only
     assert out["spark"] == out["driver"]
 
@@ -277,8 +278,8 @@ source:
 sink: {{type: kafka, connection_id: kafka_cluster, topic: {dst}, strategy: {{mode: incremental_append, unique_key: order_id}}}}
 state: {{type: local, path: {tmp_path / "state"}}}
 """
-        run_pipeline(parse_manifest(text), spark, RunRequest(run_id="golden-postgres"))
-    check_golden("postgres_to_kafka_json", {"target": observed(bs, dst)})
+        result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id="golden-postgres"))
+    check_golden("postgres_to_kafka_json", {"target": observed(bs, dst, result.messages_produced)})
 
 
 def check_golden(name: str, got: dict[str, Any]) -> None:
