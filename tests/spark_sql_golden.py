@@ -46,6 +46,11 @@ def golden_file(test: str) -> Path:
     return GOLDEN / Path(module).stem / f"{readable}-{digest}.json.gz"
 
 
+def read_store(path: Path) -> dict[str, Any]:
+    """A stored file: the test's node id and its runs."""
+    return json.loads(gzip.decompress(path.read_bytes()))
+
+
 def run_id() -> str:
     """A fixed run id for the running test's next Spark SQL run (32 hex digits, as a run's own)."""
     test = current_test()
@@ -65,7 +70,7 @@ def spark_sql_outcome(names: dict[str, str], run: Callable[[], T]) -> T:
             outcome, raised = run(), None
         except Exception as exc:  # a run that fails is an outcome too: its error is stored
             outcome, raised = None, exc
-        stored = json.loads(gzip.decompress(path.read_bytes())) if call and path.exists() else {"test": test, "runs": []}
+        stored = read_store(path) if call and path.exists() else {"test": test, "runs": []}
         del stored["runs"][call:]
         stored["runs"].append({"names": names, "outcome": encode(outcome), "raised": raised and error_of(raised)})
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -75,7 +80,7 @@ def spark_sql_outcome(names: dict[str, str], run: Callable[[], T]) -> T:
         return outcome
     if not path.exists():
         raise AssertionError(f"no stored Spark SQL outcome for {test} ({path}); record it with DPONE_GOLDEN_WRITE=1")
-    runs = json.loads(gzip.decompress(path.read_bytes()))["runs"]
+    runs = read_store(path)["runs"]
     if call >= len(runs):
         raise AssertionError(f"{path} holds {len(runs)} Spark SQL run(s) of {test}, the test asks for run {call + 1}; record it again")
     recorded = runs[call]

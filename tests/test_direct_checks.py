@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 import spark_sql_golden
 from conftest import consume_raw, create_topic, produce_json, unique_topic
-from spark_sql_golden import any_sample, names
+from spark_sql_golden import any_sample, on_both_paths
 from test_direct_path import manifest_text
 
 from dpone_dagster.engine.run import RunRequest, run_pipeline
@@ -180,11 +180,8 @@ def run_on_both(
             text = text.replace("options: {group_id:", f"options: {{{source_options}, group_id:")
         return run_pipeline(parse_manifest(text), spark, RunRequest(run_id=spark_sql_golden.run_id()) if path == "spark_sql" else RunRequest())
 
-    direct = run("direct", unique_topic("c_direct"))
-    dst = unique_topic("c_spark_sql")
-    with monkeypatch.context() as patched:
-        patched.setenv("DPONE_DIRECT_PATH", "off")
-        return direct, spark_sql_golden.spark_sql_outcome(names(tmp_path, src=src, dst=dst), lambda: run("spark_sql", dst))
+    both = on_both_paths(monkeypatch, tmp_path, run, {"dst": "c"}, src=src)
+    return both["direct"], both["spark_sql"]
 
 
 WARN_CHECKS = """  mode: warn

@@ -85,12 +85,8 @@ def run_both(
         assert len(records) == result.messages_produced, (path, result.messages_produced, {p: (len(o), o[:1], o[-1:]) for p, o in arrived.items()})
         return result, [without_timestamp(r) for r in records]
 
-    direct = run("direct", unique_topic("d_direct"))
-    dst = unique_topic("d_spark_sql")
-    with monkeypatch.context() as patched:
-        patched.setenv("DPONE_DIRECT_PATH", "off")
-        sql = spark_sql_golden.spark_sql_outcome(names(tmp_path, src=src, dst=dst), lambda: run("spark_sql", dst))
-    return [direct, sql]
+    both = on_both_paths(monkeypatch, tmp_path, run, {"dst": "d"}, src=src)
+    return [both["direct"], both["spark_sql"]]
 
 
 def on_error_outcomes(bs: str, spark: Any, src: str, tmp_path: Path, monkeypatch: Any, strategy: str, sink_options: str, source_options: str) -> dict[str, tuple]:
@@ -112,14 +108,7 @@ def on_error_outcomes(bs: str, spark: Any, src: str, tmp_path: Path, monkeypatch
             result.committed_offsets, in_key_order(consume_raw(bs, dst, expected=result.messages_produced)), letters,
         )
 
-    outcomes = {}
-    with monkeypatch.context() as patched:
-        patched.setenv("DPONE_DIRECT_PATH", "on")
-        outcomes["direct"] = run("direct", unique_topic("db_direct"), unique_topic("dbl_direct"))
-        patched.setenv("DPONE_DIRECT_PATH", "off")
-        dst, dlq = unique_topic("db_spark_sql"), unique_topic("dbl_spark_sql")
-        outcomes["spark_sql"] = spark_sql_golden.spark_sql_outcome(names(tmp_path, src=src, dst=dst, dlq=dlq), lambda: run("spark_sql", dst, dlq))
-    return outcomes
+    return on_both_paths(monkeypatch, tmp_path, run, {"dst": "db", "dlq": "dbl"}, src=src)
 
 
 def no_handover(monkeypatch: Any) -> None:

@@ -3,7 +3,6 @@ wrote, renamed to the names of the run reading it. No broker, no Spark."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import subprocess
 import sys
@@ -60,7 +59,7 @@ def test_a_failed_run_is_raised_again_with_its_result(tmp_path, monkeypatch):
 def test_every_stored_outcome_belongs_to_a_test():
     """A stored file whose test was renamed or removed is left over: the store holds only what the
     tests read (collected without running them)."""
-    stored = {path: json.loads(gzip.decompress(path.read_bytes()))["test"] for path in spark_sql_golden.GOLDEN.rglob("*.json.gz")}
+    stored = {path: spark_sql_golden.read_store(path)["test"] for path in spark_sql_golden.GOLDEN.rglob("*.json.gz")}
     modules = sorted({test.partition("::")[0] for test in stored.values()})
     root = Path(__file__).parent.parent
     collected = subprocess.run(

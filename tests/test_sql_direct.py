@@ -17,7 +17,6 @@ from typing import Any
 
 import psycopg2
 import pytest
-import spark_sql_golden
 from conftest import (
     PG_HOST,
     PG_PORT,
@@ -30,7 +29,7 @@ from conftest import (
     once_delivering,
     unique_topic,
 )
-from spark_sql_golden import any_sample, names, on_both_paths, without_timestamp
+from spark_sql_golden import any_sample, on_both_paths, without_timestamp
 
 from dpone_dagster.direct import sql_task
 from dpone_dagster.embedded_broker import EmbeddedBroker
@@ -120,12 +119,8 @@ def run_both(
         result = run_pipeline(parse_manifest(text), spark, RunRequest(run_id="sqldirect"))
         return result, [without_timestamp(r) for r in consume_raw(bs, dst, expected=result.messages_produced)]
 
-    direct = run("direct", unique_topic("sqld_direct"))
-    dst = unique_topic("sqld_spark_sql")
-    with monkeypatch.context() as patched:
-        patched.setenv("DPONE_DIRECT_PATH", "off")
-        sql = spark_sql_golden.spark_sql_outcome(names(tmp_path, dst=dst), lambda: run("spark_sql", dst))
-    return [direct, sql]
+    both = on_both_paths(monkeypatch, tmp_path, run, {"dst": "sqld"})
+    return [both["direct"], both["spark_sql"]]
 
 
 def messages(records: list[dict]) -> Counter:
