@@ -13,6 +13,7 @@ from pyspark.sql.types import (
     ArrayType,
     BooleanType,
     ByteType,
+    DecimalType,
     DoubleType,
     FloatType,
     IntegerType,
@@ -129,9 +130,73 @@ def test_declared_integers_are_decoded_here_only_within_their_type(value, decode
         assert pa.Table.from_arrays(columns, schema=INTEGERS).to_pylist()[1] == decoded
 
 
+FLOATS = arrow_schema(struct(("f", FloatType()), ("fs", ArrayType(FloatType())), ("in", struct(("f", FloatType())))))
+
+
+@pytest.mark.parametrize(
+    "number, bits",
+    [
+        (b"0.1", 0x3DCCCCCD),
+        (b"33554435", 0x4C000001),  # an integer token: to the nearest float, as Float.parseFloat
+        (b"3.4028235e38", 0x7F7FFFFF),
+        (b"NaN", 0x7FC00000),
+        (b"1e-45", 0x00000001),
+        (b"-0.0", 0x80000000),
+        # Halfway between 1.0 and the next float, plus 1e-25: as a double exactly halfway, which
+        # narrowing rounds to 1.0 (ties to even) where Java rounds the text once, up.
+        (b"1.0000000596046447753906251", None),
+        (b"1.000000059604644775390625", None),  # exactly halfway: left to the JVM too
+        (b"16777217", None),  # an integer exactly halfway (Java rounds it as narrowing does; not told apart)
+        (b"3.5e38", None),  # a finite double past the largest float: Java's infinity, left to the JVM
+        (b"3.4028235677973366e38", None),
+    ],
+)
+def test_declared_floats_are_read_as_doubles_and_narrowed_only_where_that_rounds_once(number, bits):
+    """A float is read as a double and narrowed; a double halfway between two floats may have
+    been rounded from a text Java rounds the other way (Spark's Float.parseFloat rounds once), so
+    such a batch is the JVM's, wherever the float sits (a list, a record)."""
+    import struct as packing
+
+    for value in (b'{"f": %s}' % number, b'{"fs": [1.5, %s]}' % number, b'{"in": {"f": %s}}' % number):
+        columns = decode_values(pa.array([b'{"f": 1}', value], pa.binary()), FLOATS)
+        if bits is None:
+            assert columns is None, value
+            continue
+        row = pa.Table.from_arrays(columns, schema=FLOATS).to_pylist()[1]
+        read = row["f"] if b'"f"' in value[:5] else row["fs"][1] if row["fs"] else row["in"]["f"]
+        assert packing.unpack(">I", packing.pack(">f", read))[0] == bits, value
+
+
+DECIMALS = arrow_schema(struct(("d", DecimalType(10, 2)), ("ds", ArrayType(DecimalType(38, 18)))))
+
+
+@pytest.mark.parametrize(
+    "value, decoded",
+    [
+        (b'{"d": 12345678.99, "ds": [1e-18]}', {"d": "12345678.99", "ds": ["1E-18"]}),
+        (b'{"d": 1e2}', {"d": "100.00", "ds": None}),
+        (b'{"d": "1.5"}', {"d": "1.50", "ds": None}),  # a numeric string, as Java's BigDecimal reads it
+        (b'{"d": "+.5"}', {"d": "0.50", "ds": None}),
+        (b'{"d": -0.00}', {"d": "0.00", "ds": None}),
+        (b'{"d": 1.005}', None),  # Spark rounds half up to the scale: the JVM reads it
+        (b'{"d": 123456789.99}', None),  # past the precision: corrupt for Spark
+        (b'{"d": "1,000.5"}', None),  # grouping commas: Spark reads them, pyarrow does not
+        (b'{"d": " 1.5"}', None),
+        (b'{"d": true}', None),
+    ],
+)
+def test_declared_decimals_are_decoded_here_only_where_their_digits_fit(value, decoded):
+    columns = decode_values(pa.array([b'{"d": 1}', value], pa.binary()), DECIMALS)
+    if decoded is None:
+        assert columns is None
+        return
+    row = pa.Table.from_arrays(columns, schema=DECIMALS).to_pylist()[1]
+    assert {"d": str(row["d"]), "ds": [str(v) for v in row["ds"]] if row["ds"] is not None else None} == decoded
+
+
 def test_only_types_with_identical_semantics_are_decoded_here():
     assert arrow_schema(struct(("at", TimestampType()))) is None
-    assert arrow_schema(struct(("ratio", FloatType()))) is None  # pyarrow would round through a double
+    assert arrow_schema(struct(("ratio", FloatType()), ("price", DecimalType(12, 2)))) == pa.schema([("ratio", pa.float32()), ("price", pa.decimal128(12, 2))])
     assert INTEGERS == pa.schema([("i", pa.int32()), ("s", pa.int16()), ("b", pa.int8())])
     assert arrow_schema(struct(("tags", ArrayType(struct(("at", TimestampType())))))) is None
     assert arrow_schema(SCHEMA) == pa.schema(

@@ -761,6 +761,63 @@ def test_declared_integer_columns_take_the_direct_path_with_the_spark_sql_paths_
     assert any(b"2147483647" in r["value"] for r in direct_records) or framed
 
 
+DECLARED_NUMBERS = (
+    "schema: [{name: order_id, type: long}, {name: ratio, type: float}, {name: price, type: 'decimal(12,2)'},"
+    " {name: fees, type: 'array<decimal(20,10)>'}, {name: note, type: string}]"
+)
+
+
+def declared_numbers(n: int) -> list[bytes]:
+    """JSON records for DECLARED_NUMBERS: floats Java prints in its own form (1.0E7, 1.0E-5,
+    -0.0, NaN) or beside the shortest, decimals at every scale (0E-10 and 1.0E-7 in Spark's JSON),
+    repeated keys, and records only Spark's decoder reads (a double halfway between two floats,
+    a decimal Spark rounds half up, grouping commas, a quoted number)."""
+    ratios = [b"0.1", b"1e7", b"1e-5", b"-0.0", b"NaN", b"3.4028235e38", b"123456.79", b"7", b"2.5e-3"]  # a key too
+    prices = [b"1234567890.12", b"-7.5", b"1e2", b'"0.50"', b"0", b"3.14"]  # never null: a key
+    fees = [b"0.0000000001", b"1e-7", b"0", b"-123.4567890123", b'"12"', b"null"]
+    records = [
+        b'{"order_id": %d, "ratio": %s, "price": %s, "fees": [%s, 1], "note": "n%d"}'
+        % (i % 40 if i % 3 == 0 else i, ratios[i % len(ratios)], prices[i % len(prices)], fees[i % len(fees)], i)
+        for i in range(n)
+    ]
+    records[5] = b'{"order_id": 5, "ratio": 1.0000000596046447753906251, "price": 3.25}'
+    records[7] = b'{"order_id": 7, "ratio": 7.5, "price": 1.005}'
+    records[8] = b'{"order_id": 8, "ratio": 8.5, "price": "1,000.5", "fees": [1e-11]}'
+    records[13] = b'{"order_id": 13, "ratio": "Infinity", "price": 0.5, "note": null}'
+    return records
+
+
+@pytest.mark.parametrize(
+    ("strategy", "sink"),
+    [
+        ("{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}", ""),
+        ("{mode: incremental_append, unique_key: [price, order_id]}", "message_format: avro, schema_registry: {enabled: true}"),
+        ("{mode: incremental_append, unique_key: price}", "envelope: dpone, key: {format: json}"),
+        ("{mode: incremental_merge, unique_key: ratio, duplicate_policy: keep_first}", ""),
+    ],
+)
+def test_declared_float_and_decimal_columns_take_the_direct_path_with_the_spark_sql_paths_messages(broker, spark, kafka_env, tmp_path, monkeypatch, strategy, sink):
+    """A JSON source whose manifest declares float and decimal columns (a list of decimals too):
+    decoded in the tasks, the records only Spark's decoder reads decoded by it, with the Spark SQL
+    path's keys and values (Float.toString and BigDecimal's text in JSON; Avro float and decimal
+    fields through the registry)."""
+    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", f"mock://{uuid.uuid4().hex[:8]}")
+    bs = broker.bootstrap_servers
+    src = unique_topic("dnums")
+    create_topic(bs, src, 2)
+    records = declared_numbers(300)
+    for p in range(2):
+        produce_json(bs, src, records[p::2], partition=p)
+    no_handover(monkeypatch)
+    (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path, monkeypatch, strategy, sink, 2, DECLARED_NUMBERS)
+    assert direct.execution_path == "direct" and sql.execution_path == "spark_sql", direct.notes
+    assert direct.messages_produced == sql.messages_produced > 0 and direct.duplicates_removed == sql.duplicates_removed
+    framed = "avro" in sink
+    assert normalized(direct, direct_records, framed) == normalized(sql, sql_records, framed)
+    written = b" ".join((r["key"] or b"") + b" " + (r["value"] or b"") for r in direct_records)
+    assert framed or b"1.0E7" in written and ("ratio" in strategy or b"1.000E-7" in written)  # Java's forms, not Python's
+
+
 @pytest.mark.parametrize(
     ("strategy", "sink"),
     [

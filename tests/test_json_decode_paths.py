@@ -11,7 +11,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
     ByteType,
+    DecimalType,
     DoubleType,
+    FloatType,
     IntegerType,
     LongType,
     ShortType,
@@ -131,3 +133,45 @@ def test_declared_integers_decode_in_the_read_tasks_as_the_jvm_decodes_them(brok
     corrupt = [by_offset[(1, 3 + i)][C.CORRUPT] is not None for i in range(len(odd))]
     assert corrupt == [True] * (len(odd) - 1) + [False], [by_offset[(1, 3 + i)] for i in range(len(odd))]
     assert by_offset[(1, 3 + len(odd) - 1)]["flag"] == -56  # Jackson's getByteValue wraps 128..255
+
+
+def test_declared_floats_and_decimals_decode_in_the_read_tasks_as_the_jvm_decodes_them(broker, spark):
+    """Columns declared float and decimal (top level and in a list): a batch of values a double
+    narrows to the float Java parses, and of decimals within their scale and precision, is decoded
+    in its read task with the JVM's rows; a number halfway between two floats, a decimal Spark
+    rounds or overflows, a string with grouping commas leave the batch to the JVM."""
+    schema = StructType(
+        [
+            StructField("ratio", FloatType()),
+            StructField("price", DecimalType(12, 2)),
+            StructField("fees", ArrayType(DecimalType(20, 10))),
+            StructField("weights", ArrayType(FloatType())),
+        ]
+    )
+    numbers = [b"0.1", b"1e7", b"-0.0", b"3.4028235e38", b"1.4e-45", b"123456.789", b"33554435", b"NaN"]
+    clean = [
+        b'{"ratio": %s, "price": %s, "fees": [%s, 1e-7], "weights": [%s]}' % (n, p, f, n)
+        for n in numbers
+        for p, f in ((b"1234567890.12", b"0.0000000001"), (b'"-7.5"', b'"12"'), (b"1e2", b"-0"))
+    ]
+    odd = [
+        b'{"ratio": 1.0000000596046447753906251}',  # a double halfway between floats; Java rounds up
+        b'{"weights": [16777217]}',
+        b'{"ratio": "NaN"}',
+        b'{"price": 1.005}',  # rounded half up by Spark
+        b'{"price": 12345678901.5}',  # past the precision
+        b'{"price": "1,000.5"}',
+        b'{"fees": [1e-11]}',
+    ]
+    prepared, raw = clean_and_odd(broker.bootstrap_servers, spark, schema, clean, clean[:3] + odd)
+
+    def rows_of(df) -> list[str]:
+        keep = [*schema.fieldNames(), C.OP, C.SOURCE_PARTITION, C.SOURCE_OFFSET, C.CORRUPT]
+        return sorted(json.dumps(r.asDict(recursive=True), sort_keys=True, default=str) for r in df.select(*keep).collect())
+
+    fast = decode_json(prepared, schema, "flat", detect_unknown=False)
+    jvm = decode_json(raw, schema, "flat", detect_unknown=False)
+    assert rows_of(fast) == rows_of(jvm)
+    by_offset = {(r[C.SOURCE_PARTITION], r[C.SOURCE_OFFSET]): r for r in jvm.collect()}
+    assert by_offset[(1, 3)]["ratio"] == 1.0000001192092896 and by_offset[(1, 4)]["weights"] == [16777216.0]
+    assert str(by_offset[(1, 6)]["price"]) == "1.01" and str(by_offset[(1, 8)]["price"]) == "1000.50"

@@ -13,6 +13,7 @@ the JVM. The guards below keep pyarrow's line-based reader aligned with the reco
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +24,9 @@ from pyspark.sql.types import (
     BooleanType,
     ByteType,
     DataType,
+    DecimalType,
     DoubleType,
+    FloatType,
     IntegerType,
     LongType,
     ShortType,
@@ -45,11 +48,19 @@ _INTEGERS = {LongType: pa.int64(), IntegerType: pa.int32(), ShortType: pa.int16(
 
 def arrow_type(dtype: DataType) -> pa.DataType | None:
     """The Arrow type the reader decodes `dtype` into, or None when the fast path does not
-    support it (the types schema inference produces are supported, and declared integers)."""
+    support it (the types schema inference produces are supported, and declared integers,
+    floats and decimals)."""
     if type(dtype) in _INTEGERS:
         return _INTEGERS[type(dtype)]
     if isinstance(dtype, DoubleType):
         return pa.float64()
+    if isinstance(dtype, FloatType):  # read as a double, then narrowed (_narrowed)
+        return pa.float32()
+    if isinstance(dtype, DecimalType):
+        # pyarrow reads a number or a numeric string only where its digits fit the scale and the
+        # precision (Spark rounds half up and reads strings with grouping commas: those batches
+        # fail here and the JVM decodes them); the strings it reads, Java's BigDecimal reads alike.
+        return pa.decimal128(dtype.precision, dtype.scale)
     if isinstance(dtype, BooleanType):
         return pa.bool_()
     if isinstance(dtype, StringType):
@@ -81,11 +92,13 @@ def _lines(values: pa.Array) -> pa.Buffer:
 def decode_values(values: pa.Array, schema: pa.Schema) -> list[pa.Array] | None:
     """One array per schema field, aligned with `values` (null for null values = tombstones), or
     None when this batch must be decoded by the JVM."""
-    table = _read(values, schema)
+    read_schema = pa.schema([(f.name, _read_type(f.type)) for f in schema])
+    table = _read(values, read_schema)
     # No field beyond the schema at any depth (the JVM reports drift and widens the schema).
-    if table is None or table.schema != schema:
+    if table is None or table.schema != read_schema:
         return None
-    return _aligned(values, [table.column(i).slice(1).combine_chunks() for i in range(len(schema))])
+    columns = _narrowed([table.column(i).slice(1).combine_chunks() for i in range(len(schema))], schema)
+    return _aligned(values, columns) if columns is not None else None
 
 
 def decode_envelopes(values: pa.Array, schema: pa.Schema) -> tuple[pa.Array, pa.Array, list[pa.Array]] | None:
@@ -94,17 +107,78 @@ def decode_envelopes(values: pa.Array, schema: pa.Schema) -> tuple[pa.Array, pa.
     must be decoded by the JVM.
     Fields of the envelope beyond op and data (metadata, source, schema_version) are read past, as
     Spark's decoder reads past them; a field of the data beyond the schema is drift (None)."""
-    data_type = pa.struct(list(schema))
+    data_type = _read_type(pa.struct(list(schema)))
     table = _read(values, pa.schema([("op", pa.string()), ("data", data_type)]))
     if table is None or table.schema.field("op").type != pa.string() or table.schema.field("data").type != data_type:
         return None
     op = table.column("op").slice(1).combine_chunks()
     data = table.column("data").slice(1).combine_chunks()
-    fields = [data.field(i) for i in range(data_type.num_fields)]
+    read = _narrowed([data.field(i) for i in range(data_type.num_fields)], schema)
+    if read is None:
+        return None
+    fields = read
     if data.null_count:  # a null data object: every field null
         fields = [pc.if_else(data.is_valid(), f, pa.scalar(None, f.type)) for f in fields]
     aligned = _aligned(values, [op, data.is_valid(), *fields])
     return aligned[0], pc.fill_null(aligned[1], False), aligned[2:]
+
+
+def _read_type(kind: pa.DataType) -> pa.DataType:
+    """The type Arrow's reader reads `kind` as: a float as a double (narrowed after)."""
+    if pa.types.is_float32(kind):
+        return pa.float64()
+    if pa.types.is_struct(kind):
+        return pa.struct([(f.name, _read_type(f.type)) for f in kind])
+    if pa.types.is_list(kind):
+        return pa.list_(_read_type(kind.value_type))
+    return kind
+
+
+def _narrowed(columns: list[pa.Array], schema: pa.Schema) -> list[pa.Array] | None:
+    """The columns read as doubles cast to the schema's floats, or None when a double may round
+    to another float than the number's text (the JVM decodes that batch)."""
+    narrowed = []
+    for column, field in zip(columns, schema, strict=True):
+        if column.type != field.type:
+            if not all(_rounds_as_parsed(doubles) for doubles in _floats_of(column, field.type)):
+                return None
+            column = column.cast(field.type, safe=False)
+        narrowed.append(column)
+    return narrowed
+
+
+def _floats_of(column: pa.Array, kind: pa.DataType) -> Iterator[np.ndarray]:
+    """The values of `column` (read as doubles) that `kind` holds as floats, at any depth (a list's
+    values or a struct's fields past the rows of a slice included: more is only more cautious)."""
+    if pa.types.is_float32(kind):
+        yield column.fill_null(0.0).to_numpy(zero_copy_only=False)
+    elif pa.types.is_struct(kind):
+        for i, field in enumerate(kind):
+            yield from _floats_of(column.field(i), field.type)
+    elif pa.types.is_list(kind):
+        yield from _floats_of(column.values, kind.value_type)
+
+
+def _rounds_as_parsed(doubles: np.ndarray) -> bool:
+    """Whether each double, narrowed to a float, is the float nearest the number it was read from,
+    as Java's Float.parseFloat (Spark's reader) rounds it.
+    A double is the nearest double to the text; narrowing rounds it again, which differs from one
+    rounding only where the double is exactly halfway between two floats (every such halfway
+    point is a double, so text and double lie on the same side of all others), or past the
+    largest float (a double rounding to infinity): those batches are left to the JVM."""
+    with np.errstate(over="ignore"):
+        singles = doubles.astype(np.float32)
+        finite = np.isfinite(doubles)
+        if (finite & ~np.isfinite(singles)).any():
+            return False
+        back = singles.astype(np.float64)
+        inexact = finite & (back != doubles)
+        if not inexact.any():
+            return True
+        wanted, nearest = doubles[inexact], back[inexact]
+        towards = np.where(wanted > nearest, np.float32(np.inf), np.float32(-np.inf))
+        other = np.nextafter(singles[inexact], towards).astype(np.float64)  # the float on the text's other side
+        return not ((nearest + other) / 2 == wanted).any()
 
 
 def _read(values: pa.Array, schema: pa.Schema) -> pa.Table | None:
