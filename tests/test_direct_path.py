@@ -840,6 +840,48 @@ def test_avro_logical_types_take_the_direct_path_with_the_spark_sql_paths_messag
     assert len(direct_records) == 300 - direct.deletes_skipped
 
 
+@pytest.mark.parametrize(
+    ("strategy", "sink"),
+    [
+        ("{mode: incremental_append}", ""),
+        ("{mode: incremental_append, unique_key: seen_at}", "message_format: avro, schema_registry: {enabled: true}"),
+        ("{mode: incremental_append}", "message_format: avro, schema_registry: {enabled: true}, key: {mode: hash_row}"),
+    ],
+)
+def test_timestamps_written_as_text_in_another_session_time_zone_take_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch, strategy, sink):
+    """spark.sql.session.timeZone Europe/Berlin: Spark writes a timestamp's text (in JSON values,
+    a key's text, the row hash's JSON) in that zone, the tasks in UTC, so such a batch takes the
+    Spark SQL path and the target holds Berlin's offsets; an Avro value holds the instant, so an
+    Avro sink keyed without timestamps stays on the direct path."""
+    url, src = registry_topic(broker.bootstrap_servers, monkeypatch)
+    produce_registry(broker.bootstrap_servers, url, src, "avro", typed_rows(30), TYPED)
+    dst = unique_topic("dzone")
+    create_topic(broker.bootstrap_servers, dst, 2)
+    text = manifest_text(src, dst, tmp_path, strategy, sink)
+    text = text.replace("options: {group_id:", "options: {message_format: avro, schema_registry: {enabled: true}, group_id:")
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "Europe/Berlin")
+    try:
+        result = run_pipeline(parse_manifest(text), spark)
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+    assert result.execution_path == "spark_sql", result.notes
+    records = consume_raw(broker.bootstrap_servers, dst, expected=result.messages_produced)
+    assert len(records) == 30 == result.messages_produced
+    if not sink:
+        assert all(b'+01:00"' in r["value"] for r in records if json.loads(r["value"])["paid_at"]), records[1]
+    elif "seen_at" in strategy:
+        assert {r["key"] for r in records} >= {b"2026-01-01 01:00:00", b"2026-01-01 01:00:01.5"}  # 00:00:01.5 UTC in Berlin
+
+    create_topic(broker.bootstrap_servers, f"{dst}_utc", 2)
+    spark.conf.set("spark.sql.session.timeZone", "Etc/UTC")  # a zone of offset zero: as the tasks write
+    try:
+        result = run_pipeline(parse_manifest(text.replace(dst, f"{dst}_utc").replace(str(tmp_path), str(tmp_path / "utc"))), spark)
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+    assert result.execution_path == "direct", result.notes
+
+
 MAPPED = {"type": "record", "name": "Tagged", "namespace": "shop", "fields": [
     {"name": "order_id", "type": "long"},
     {"name": "attrs", "type": ["null", {"type": "map", "values": ["null", "string"]}]},

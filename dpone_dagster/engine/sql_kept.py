@@ -35,6 +35,7 @@ from dpone_dagster.engine.stages.timing import Log
 from dpone_dagster.sinks.kafka import ProducerSettings
 from dpone_dagster.spark.jobs import BoundedJobs
 from dpone_dagster.spark.keep import release_batch
+from dpone_dagster.spark.session import session_time_zone
 from dpone_dagster.spark.slots import one_host
 
 # The rows of keys that repeat and are all published, in the order they are produced: (partition,
@@ -252,7 +253,7 @@ def _struct(names: list[str], more: dict[str, DataType] | None = None) -> Struct
 
 
 def _time_zone(frame: DataFrame) -> str:
-    return frame.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
+    return session_time_zone(frame.sparkSession)
 
 
 def _checkpointed(jobs: BoundedJobs, frame: DataFrame, seconds: float, what: str) -> DataFrame:

@@ -1,6 +1,6 @@
-"""A message's key and value from a batch of decoded rows (pure, Arrow): the one rule both the
-direct path's tasks (direct/task.py) and the Spark SQL path's kept batch (engine/stages/
-arrow_messages.py) write messages with.
+"""A message's key and value from a batch of decoded rows (pure, Arrow): the one rule the direct
+path's tasks (direct/task.py for Kafka sources, direct/sql_task.py for SQL sources) write
+messages with.
 
 The key follows sink.options.key (shape/keys.py); with key.format avro | json_schema the key
 sent is the key columns' record in the key subject's format (`registry_key`); the value is the row's JSON as Spark's `to_json`
@@ -136,15 +136,23 @@ def _spread(values: pa.Array, where: pa.Array) -> pa.Array:
     return values.take(pc.if_else(where, positions, pa.scalar(None, pa.int64())))
 
 
-def unwritable_type(schema: pa.Schema, key_columns: tuple[int, ...] | None, json_value: bool, hash_row: bool) -> str | None:
+# Session time zones whose offset is always zero: Spark writes their timestamps as the rule does.
+UTC_ZONES = ("UTC", "Etc/UTC", "GMT", "Etc/GMT", "Z", "+00:00")
+
+
+def unwritable_type(schema: pa.Schema, key_columns: tuple[int, ...] | None, json_value: bool, hash_row: bool, time_zone: str) -> str | None:
     """Why the rule cannot write a message of `schema`'s rows whatever their values (a type the
-    JSON encoder or a key's text does not write as Spark does), or None."""
+    JSON encoder or a key's text does not write as Spark does), or None. `time_zone`: the Spark
+    session's, in which Spark writes a timestamp's text (the rule writes UTC)."""
     in_json = schema if json_value or hash_row else None
     if in_json is None and key_columns is not None and len(key_columns) > 1:
         in_json = pa.schema([schema.field(i) for i in key_columns])
     reason = json_encode.unencodable_type(in_json) if in_json is not None else None
     if reason is not None:
         return f"a message whose JSON holds {reason}"
+    as_text = list(in_json or []) + ([schema.field(key_columns[0])] if key_columns is not None and len(key_columns) == 1 else [])
+    if time_zone not in UTC_ZONES and any(_holds_timestamp(f.type) for f in as_text):
+        return f"a timestamp written as text in the session time zone {time_zone} (spark.sql.session.timeZone; the tasks write UTC)"
     if key_columns is not None and len(key_columns) == 1:
         field = schema.field(key_columns[0])
         try:
@@ -152,3 +160,15 @@ def unwritable_type(schema: pa.Schema, key_columns: tuple[int, ...] | None, json
         except json_encode.Unencodable as exc:
             return f"the key {field.name}: {exc}"
     return None
+
+
+def _holds_timestamp(kind: pa.DataType) -> bool:
+    if pa.types.is_timestamp(kind):
+        return True
+    if pa.types.is_struct(kind):
+        return any(_holds_timestamp(f.type) for f in kind)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _holds_timestamp(kind.value_type)
+    if pa.types.is_map(kind):
+        return _holds_timestamp(kind.key_type) or _holds_timestamp(kind.item_type)
+    return False

@@ -52,6 +52,11 @@ def remote_url(conf: dict[str, Any] | None = None) -> str | None:
     return (conf or {}).get("spark.remote") or os.environ.get(REMOTE_ENV) or os.environ.get("SPARK_REMOTE") or None
 
 
+def session_time_zone(spark: SparkSession) -> str:
+    """The zone Spark reads zone-less timestamp text in and writes timestamp text in."""
+    return spark.conf.get("spark.sql.session.timeZone") or "UTC"
+
+
 def is_connect(spark: SparkSession) -> bool:
     """A Spark Connect session (no SparkContext, no RDDs in this process)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
