@@ -13,6 +13,7 @@ from pyspark.sql.types import (
     ArrayType,
     BooleanType,
     ByteType,
+    DateType,
     DecimalType,
     DoubleType,
     FloatType,
@@ -22,6 +23,7 @@ from pyspark.sql.types import (
     StringType,
     StructField,
     StructType,
+    TimestampNTZType,
     TimestampType,
 )
 
@@ -41,7 +43,7 @@ SCHEMA = struct(
     ("customer", struct(("city", StringType()))),
     ("items", ArrayType(LongType())),
 )
-ARROW = arrow_schema(SCHEMA)
+ARROW = arrow_schema(SCHEMA, "UTC")
 
 
 def decode(*values: bytes | None) -> list[dict] | None:
@@ -104,7 +106,7 @@ def test_anything_pyarrow_might_read_differently_goes_to_the_jvm(value):
     assert decode(b'{"id": 1}', value) is None
 
 
-INTEGERS = arrow_schema(struct(("i", IntegerType()), ("s", ShortType()), ("b", ByteType())))
+INTEGERS = arrow_schema(struct(("i", IntegerType()), ("s", ShortType()), ("b", ByteType())), "UTC")
 
 
 @pytest.mark.parametrize(
@@ -130,7 +132,7 @@ def test_declared_integers_are_decoded_here_only_within_their_type(value, decode
         assert pa.Table.from_arrays(columns, schema=INTEGERS).to_pylist()[1] == decoded
 
 
-FLOATS = arrow_schema(struct(("f", FloatType()), ("fs", ArrayType(FloatType())), ("in", struct(("f", FloatType())))))
+FLOATS = arrow_schema(struct(("f", FloatType()), ("fs", ArrayType(FloatType())), ("in", struct(("f", FloatType())))), "UTC")
 
 
 @pytest.mark.parametrize(
@@ -167,7 +169,7 @@ def test_declared_floats_are_read_as_doubles_and_narrowed_only_where_that_rounds
         assert packing.unpack(">I", packing.pack(">f", read))[0] == bits, value
 
 
-DECIMALS = arrow_schema(struct(("d", DecimalType(10, 2)), ("ds", ArrayType(DecimalType(38, 18)))))
+DECIMALS = arrow_schema(struct(("d", DecimalType(10, 2)), ("ds", ArrayType(DecimalType(38, 18)))), "UTC")
 
 
 @pytest.mark.parametrize(
@@ -194,12 +196,47 @@ def test_declared_decimals_are_decoded_here_only_where_their_digits_fit(value, d
     assert {"d": str(row["d"]), "ds": [str(v) for v in row["ds"]] if row["ds"] is not None else None} == decoded
 
 
+TEMPORAL = arrow_schema(struct(("day", DateType()), ("at", TimestampType()), ("log", ArrayType(struct(("at", TimestampType()))))), "UTC")
+AT_2024_01_05_10H = 1_704_448_800_000_000  # microseconds
+
+
+@pytest.mark.parametrize(
+    "value, decoded",
+    [
+        (b'{"day": "2024-02-29", "at": "2024-01-05T10:00:00Z"}', {"day": 19782, "at": AT_2024_01_05_10H}),
+        (b'{"at": "2024-01-05 10:00:00"}', {"at": AT_2024_01_05_10H}),  # zone-less: the session's zone, UTC
+        (b'{"at": "2024-01-05T11:30:00.5+01:30"}', {"at": AT_2024_01_05_10H + 500_000}),
+        (b'{"at": "2024-01-05T04:59:59.000001-05:00"}', {"at": AT_2024_01_05_10H - 999_999}),
+        (b'{"day": "0001-01-01", "at": "9999-12-31T23:59:59.999999Z"}', {"day": -719_162, "at": 253_402_300_799_999_999}),
+        (b'{"log": [{"at": "2024-01-05T10:00:00Z"}, null, {"at": null}]}', {"log": [{"at": AT_2024_01_05_10H}, None, {"at": None}]}),
+        (b'{"day": "2023-02-29"}', None),  # not a date: corrupt for Spark
+        (b'{"at": "2024-01-05T24:00:00Z"}', None),
+        (b'{"day": "2024-1-5"}', None),  # forms Spark reads by its own rules: the JVM reads them
+        (b'{"day": "2024-01-05T10:00:00Z"}', None),
+        (b'{"at": "2024-01-05"}', None),
+        (b'{"at": " 2024-01-05T10:00:00Z"}', None),
+        (b'{"at": "2024-01-05T10:00:00.1234567Z"}', None),
+        (b'{"at": "2024-01-05T10:00:00+18:00"}', None),
+        (b'{"at": "0001-01-01T00:00:00+01:00"}', None),  # before the year 1 in UTC
+        (b'{"at": 1704448800}', None),  # epoch seconds
+    ],
+)
+def test_declared_dates_and_timestamps_are_decoded_here_only_in_their_full_iso_form(value, decoded):
+    columns = decode_values(pa.array([b'{"day": "2024-01-01"}', value], pa.binary()), TEMPORAL)
+    if decoded is None:
+        assert columns is None
+        return
+    row = pa.Table.from_arrays(columns, schema=TEMPORAL).cast(pa.schema([("day", pa.int32()), ("at", pa.int64()), ("log", pa.list_(pa.struct([("at", pa.int64())])))])).to_pylist()[1]
+    assert row == {"day": None, "at": None, "log": None, **decoded}
+
+
 def test_only_types_with_identical_semantics_are_decoded_here():
-    assert arrow_schema(struct(("at", TimestampType()))) is None
-    assert arrow_schema(struct(("ratio", FloatType()), ("price", DecimalType(12, 2)))) == pa.schema([("ratio", pa.float32()), ("price", pa.decimal128(12, 2))])
+    assert arrow_schema(struct(("at", TimestampType())), "Europe/Berlin") is None  # zone-less text would be Berlin's
+    assert arrow_schema(struct(("at", TimestampType())), "Etc/UTC") == pa.schema([("at", pa.timestamp("us", tz="UTC"))])
+    assert arrow_schema(struct(("ratio", FloatType()), ("price", DecimalType(12, 2))), "UTC") == pa.schema([("ratio", pa.float32()), ("price", pa.decimal128(12, 2))])
     assert INTEGERS == pa.schema([("i", pa.int32()), ("s", pa.int16()), ("b", pa.int8())])
-    assert arrow_schema(struct(("tags", ArrayType(struct(("at", TimestampType())))))) is None
-    assert arrow_schema(SCHEMA) == pa.schema(
+    assert arrow_schema(struct(("tags", ArrayType(struct(("at", TimestampNTZType()))))), "UTC") is None
+    assert arrow_schema(SCHEMA, "UTC") == pa.schema(
         [
             ("id", pa.int64()),
             ("amount", pa.float64()),

@@ -840,6 +840,59 @@ def test_avro_logical_types_take_the_direct_path_with_the_spark_sql_paths_messag
     assert len(direct_records) == 300 - direct.deletes_skipped
 
 
+DECLARED_TIMES = (
+    "schema: [{name: order_id, type: long}, {name: day, type: date}, {name: at, type: timestamp},"
+    " {name: log, type: 'array<struct<at:timestamp,what:string>>'}]"
+)
+
+
+def declared_times(n: int) -> list[bytes]:
+    """JSON records for DECLARED_TIMES: ISO-8601 dates and timestamps (zone-less, Z, offsets,
+    fractions, leap days), repeated keys, and records only Spark's decoder reads (a short date,
+    a date as a timestamp, epoch seconds)."""
+    days = ["2024-02-29", "0001-01-01", "9999-12-31", "1970-01-01", "2026-11-29"]
+    times = ["2024-01-05T10:00:00Z", "2024-01-05 10:00:00.5", "2024-01-05T11:30:00.123456+01:30", "1969-12-31T23:59:59.999999-05:00", "2026-11-29T00:00:00.1Z"]
+    records = [
+        json.dumps({"order_id": i % 40 if i % 3 == 0 else i, "day": days[i % 5], "at": times[(i // 5) % 5], "log": [{"at": times[i % 5], "what": "w"}, None]}).encode()
+        for i in range(n)
+    ]
+    records[5] = b'{"order_id": 5, "day": "2024-1-5", "at": "2024-01-05T10:00:00Z"}'
+    records[7] = b'{"order_id": 7, "day": "2024-01-05", "at": "2024-01-05"}'
+    records[8] = b'{"order_id": 8, "day": "2024-01-05", "at": 1704448800}'
+    return records
+
+
+@pytest.mark.parametrize(
+    ("strategy", "sink"),
+    [
+        ("{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}", ""),
+        ("{mode: incremental_append, unique_key: [day, order_id]}", "message_format: avro, schema_registry: {enabled: true}"),
+        ("{mode: incremental_merge, unique_key: at, duplicate_policy: keep_first}", "envelope: dpone"),
+        ("{mode: incremental_append}", "key: {mode: hash_row}"),
+    ],
+)
+def test_declared_date_and_timestamp_columns_take_the_direct_path_with_the_spark_sql_paths_messages(broker, spark, kafka_env, tmp_path, monkeypatch, strategy, sink):
+    """A JSON source whose manifest declares date and timestamp columns (in a list of records
+    too): decoded in the tasks, the records only Spark's decoder reads decoded by it, with the
+    Spark SQL path's keys (a timestamp's text, a row hash) and values (JSON text in UTC; Avro
+    dates and timestamps through the registry)."""
+    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", f"mock://{uuid.uuid4().hex[:8]}")
+    bs = broker.bootstrap_servers
+    src = unique_topic("dtimes")
+    create_topic(bs, src, 2)
+    records = declared_times(300)
+    for p in range(2):
+        produce_json(bs, src, records[p::2], partition=p)
+    no_handover(monkeypatch)
+    (direct, direct_records), (sql, sql_records) = run_both(bs, spark, src, tmp_path, monkeypatch, strategy, sink, 2, DECLARED_TIMES)
+    assert direct.execution_path == "direct" and sql.execution_path == "spark_sql", direct.notes
+    assert direct.messages_produced == sql.messages_produced > 0 and direct.duplicates_removed == sql.duplicates_removed
+    framed = "avro" in sink
+    assert normalized(direct, direct_records, framed) == normalized(sql, sql_records, framed)
+    written = b" ".join((r["key"] or b"") + b" " + (r["value"] or b"") for r in direct_records)
+    assert framed or b"2024-01-05T10:00:00.500000Z" in written or b"2024-01-05 10:00:00.5" in written  # Spark's text of 10:00:00.5
+
+
 @pytest.mark.parametrize(
     ("strategy", "sink"),
     [

@@ -11,6 +11,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
     ByteType,
+    DateType,
     DecimalType,
     DoubleType,
     FloatType,
@@ -20,6 +21,7 @@ from pyspark.sql.types import (
     StringType,
     StructField,
     StructType,
+    TimestampType,
 )
 
 from dpone_dagster import columns as C
@@ -175,3 +177,48 @@ def test_declared_floats_and_decimals_decode_in_the_read_tasks_as_the_jvm_decode
     by_offset = {(r[C.SOURCE_PARTITION], r[C.SOURCE_OFFSET]): r for r in jvm.collect()}
     assert by_offset[(1, 3)]["ratio"] == 1.0000001192092896 and by_offset[(1, 4)]["weights"] == [16777216.0]
     assert str(by_offset[(1, 6)]["price"]) == "1.01" and str(by_offset[(1, 8)]["price"]) == "1000.50"
+
+
+def test_declared_dates_and_timestamps_decode_in_the_read_tasks_as_the_jvm_decodes_them(broker, spark):
+    """Columns declared date and timestamp (top level and in a list of records), the session in
+    UTC: full ISO-8601 texts (zone-less, Z, offsets, fractions to microseconds, leap days) are
+    decoded in the read task with the JVM's rows; the forms Spark reads by its own rules (a short
+    date, a date as a timestamp, epoch seconds) and texts that are no date leave the batch to it."""
+    schema = StructType(
+        [
+            StructField("day", DateType()),
+            StructField("at", TimestampType()),
+            StructField("log", ArrayType(StructType([StructField("at", TimestampType())]))),
+        ]
+    )
+    texts = [
+        ("2024-02-29", "2024-01-05T10:00:00Z"),
+        ("0001-01-01", "2024-01-05 10:00:00"),
+        ("9999-12-31", "2024-01-05T11:30:00.5+01:30"),
+        ("1582-10-10", "1969-12-31T23:59:59.999999-05:00"),
+        ("1900-02-28", "9999-12-31T23:59:59.999999Z"),
+    ]
+    clean = [{"day": d, "at": t, "log": [{"at": t}, None, {"at": None}]} for d, t in texts * 6]
+    odd = [
+        b'{"day": "2024-1-5"}',
+        b'{"day": "2024-01-05T10:00:00Z"}',
+        b'{"at": "2024-01-05"}',
+        b'{"at": 1704448800}',
+        b'{"day": "2023-02-29"}',  # corrupt
+        b'{"log": [{"at": "2024-01-05T24:00:00Z"}]}',  # corrupt
+    ]
+    prepared, raw = clean_and_odd(broker.bootstrap_servers, spark, schema, clean, clean[:3] + odd)
+
+    def rows_of(df) -> list[str]:
+        keep = [*schema.fieldNames(), C.OP, C.SOURCE_PARTITION, C.SOURCE_OFFSET, C.CORRUPT]
+        frame = df.select(*keep).withColumn("day", F.unix_date("day")).withColumn("at", F.unix_micros("at"))
+        frame = frame.withColumn("log", F.transform("log", lambda e: F.when(e.isNotNull(), F.unix_micros(e["at"]))))
+        return sorted(json.dumps(r.asDict(recursive=True), sort_keys=True, default=str) for r in frame.collect())
+
+    fast = decode_json(prepared, schema, "flat", detect_unknown=False)
+    jvm = decode_json(raw, schema, "flat", detect_unknown=False)
+    assert rows_of(fast) == rows_of(jvm)
+    by_offset = {(r[C.SOURCE_PARTITION], r[C.SOURCE_OFFSET]): r for r in jvm.select(F.col(C.SOURCE_PARTITION), F.col(C.SOURCE_OFFSET), F.unix_micros("at").alias("at"), F.unix_date("day").alias("day"), C.CORRUPT).collect()}
+    assert by_offset[(0, 2)]["at"] == 1_704_448_800_500_000 and by_offset[(0, 0)]["day"] == 19_782
+    assert by_offset[(1, 3)]["day"] == 19_727 and by_offset[(1, 6)]["at"] == 1_704_448_800_000_000
+    assert by_offset[(1, 7)][C.CORRUPT] is not None

@@ -416,7 +416,7 @@ def _settings(
             registry = source.registry_plan_of_ids(batch_ids())
             source.use_registry_plan(planned.boundary, registry)
         payload, source_envelope = registry.schema, "flat"
-    schema = arrow_json.arrow_schema(payload) if registry is None else registry_source.arrow_schema(payload)
+    schema = arrow_json.arrow_schema(payload, time_zone) if registry is None else registry_source.arrow_schema(payload)
     if schema is None or not len(schema):
         return None, None, "a payload type the task decoder does not read"
     sink = manifest.sink

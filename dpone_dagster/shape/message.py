@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from dpone_dagster.formats import registry_values
 from dpone_dagster.shape import envelope, keys
 from dpone_dagster.sinks import json_encode
+from dpone_dagster.spark.session import offset_free
 
 # A registry sink's value: format, schema, and for protobuf the message indexes and imported files.
 ValueFormat = tuple[str, str, tuple[int, ...] | None, tuple[tuple[str, str], ...]]
@@ -136,10 +137,6 @@ def _spread(values: pa.Array, where: pa.Array) -> pa.Array:
     return values.take(pc.if_else(where, positions, pa.scalar(None, pa.int64())))
 
 
-# Session time zones whose offset is always zero: Spark writes their timestamps as the rule does.
-UTC_ZONES = ("UTC", "Etc/UTC", "GMT", "Etc/GMT", "Z", "+00:00")
-
-
 def unwritable_type(schema: pa.Schema, key_columns: tuple[int, ...] | None, json_value: bool, hash_row: bool, time_zone: str) -> str | None:
     """Why the rule cannot write a message of `schema`'s rows whatever their values (a type the
     JSON encoder or a key's text does not write as Spark does), or None. `time_zone`: the Spark
@@ -151,7 +148,7 @@ def unwritable_type(schema: pa.Schema, key_columns: tuple[int, ...] | None, json
     if reason is not None:
         return f"a message whose JSON holds {reason}"
     as_text = list(in_json or []) + ([schema.field(key_columns[0])] if key_columns is not None and len(key_columns) == 1 else [])
-    if time_zone not in UTC_ZONES and any(_holds_timestamp(f.type) for f in as_text):
+    if not offset_free(time_zone) and any(_holds_timestamp(f.type) for f in as_text):
         return f"a timestamp written as text in the session time zone {time_zone} (spark.sql.session.timeZone; the tasks write UTC)"
     if key_columns is not None and len(key_columns) == 1:
         field = schema.field(key_columns[0])

@@ -13,7 +13,6 @@ the JVM. The guards below keep pyarrow's line-based reader aligned with the reco
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +23,7 @@ from pyspark.sql.types import (
     BooleanType,
     ByteType,
     DataType,
+    DateType,
     DecimalType,
     DoubleType,
     FloatType,
@@ -32,7 +32,10 @@ from pyspark.sql.types import (
     ShortType,
     StringType,
     StructType,
+    TimestampType,
 )
+
+from dpone_dagster.spark.session import offset_free
 
 # A first line that is an object: pyarrow crashes (SIGSEGV, 26.0) on a buffer whose first row
 # is a JSON `null`; with this line first no later row can be the first.
@@ -46,38 +49,43 @@ _SENTINEL = b"{}"
 _INTEGERS = {LongType: pa.int64(), IntegerType: pa.int32(), ShortType: pa.int16(), ByteType: pa.int8()}
 
 
-def arrow_type(dtype: DataType) -> pa.DataType | None:
+def arrow_type(dtype: DataType, time_zone: str) -> pa.DataType | None:
     """The Arrow type the reader decodes `dtype` into, or None when the fast path does not
     support it (the types schema inference produces are supported, and declared integers,
-    floats and decimals)."""
+    floats, decimals, dates, and timestamps where `time_zone`, the session's, has no offset)."""
     if type(dtype) in _INTEGERS:
         return _INTEGERS[type(dtype)]
     if isinstance(dtype, DoubleType):
         return pa.float64()
-    if isinstance(dtype, FloatType):  # read as a double, then narrowed (_narrowed)
+    if isinstance(dtype, FloatType):  # read as a double, then narrowed (_converted)
         return pa.float32()
     if isinstance(dtype, DecimalType):
         # pyarrow reads a number or a numeric string only where its digits fit the scale and the
         # precision (Spark rounds half up and reads strings with grouping commas: those batches
         # fail here and the JVM decodes them); the strings it reads, Java's BigDecimal reads alike.
         return pa.decimal128(dtype.precision, dtype.scale)
+    if isinstance(dtype, DateType):  # read as text, then parsed (_temporal)
+        return pa.date32()
+    if isinstance(dtype, TimestampType) and offset_free(time_zone):  # zone-less text is UTC then
+        return pa.timestamp("us", tz="UTC")
     if isinstance(dtype, BooleanType):
         return pa.bool_()
     if isinstance(dtype, StringType):
         return pa.string()
     if isinstance(dtype, ArrayType):
-        element = arrow_type(dtype.elementType)
+        element = arrow_type(dtype.elementType, time_zone)
         return pa.list_(element) if element is not None else None
     if isinstance(dtype, StructType):
-        fields = [(f.name, arrow_type(f.dataType)) for f in dtype.fields]
+        fields = [(f.name, arrow_type(f.dataType, time_zone)) for f in dtype.fields]
         if any(t is None for _, t in fields) or len({name for name, _ in fields}) != len(fields):
             return None
         return pa.struct(fields)
     return None
 
 
-def arrow_schema(schema: StructType) -> pa.Schema | None:
-    struct = arrow_type(schema)
+def arrow_schema(schema: StructType, time_zone: str) -> pa.Schema | None:
+    """`arrow_type` of a payload schema; `time_zone`: the session's (spark.sql.session.timeZone)."""
+    struct = arrow_type(schema, time_zone)
     return pa.schema(list(struct)) if struct is not None else None
 
 
@@ -124,9 +132,12 @@ def decode_envelopes(values: pa.Array, schema: pa.Schema) -> tuple[pa.Array, pa.
 
 
 def _read_type(kind: pa.DataType) -> pa.DataType:
-    """The type Arrow's reader reads `kind` as: a float as a double (narrowed after)."""
+    """The type Arrow's reader reads `kind` as: a float as a double, a date or a timestamp as text
+    (converted after)."""
     if pa.types.is_float32(kind):
         return pa.float64()
+    if pa.types.is_date32(kind) or pa.types.is_timestamp(kind):
+        return pa.string()
     if pa.types.is_struct(kind):
         return pa.struct([(f.name, _read_type(f.type)) for f in kind])
     if pa.types.is_list(kind):
@@ -135,28 +146,32 @@ def _read_type(kind: pa.DataType) -> pa.DataType:
 
 
 def _narrowed(columns: list[pa.Array], schema: pa.Schema) -> list[pa.Array] | None:
-    """The columns read as doubles cast to the schema's floats, or None when a double may round
-    to another float than the number's text (the JVM decodes that batch)."""
-    narrowed = []
-    for column, field in zip(columns, schema, strict=True):
-        if column.type != field.type:
-            if not all(_rounds_as_parsed(doubles) for doubles in _floats_of(column, field.type)):
-                return None
-            column = column.cast(field.type, safe=False)
-        narrowed.append(column)
-    return narrowed
+    """The columns as read, converted to the schema's types, or None when a value may read
+    otherwise in Spark (the JVM decodes that batch)."""
+    converted = [_converted(column, field.type) for column, field in zip(columns, schema, strict=True)]
+    return None if any(c is None for c in converted) else converted  # type: ignore[return-value]
 
 
-def _floats_of(column: pa.Array, kind: pa.DataType) -> Iterator[np.ndarray]:
-    """The values of `column` (read as doubles) that `kind` holds as floats, at any depth (a list's
-    values or a struct's fields past the rows of a slice included: more is only more cautious)."""
+def _converted(column: pa.Array, kind: pa.DataType) -> pa.Array | None:
+    """`column` (of `_read_type(kind)`) as `kind`, or None."""
+    if column.type == kind:
+        return column
     if pa.types.is_float32(kind):
-        yield column.fill_null(0.0).to_numpy(zero_copy_only=False)
-    elif pa.types.is_struct(kind):
-        for i, field in enumerate(kind):
-            yield from _floats_of(column.field(i), field.type)
-    elif pa.types.is_list(kind):
-        yield from _floats_of(column.values, kind.value_type)
+        return column.cast(kind, safe=False) if _rounds_as_parsed(column.fill_null(0.0).to_numpy(zero_copy_only=False)) else None
+    if pa.types.is_date32(kind) or pa.types.is_timestamp(kind):
+        return _temporal(column, kind)
+    if pa.types.is_struct(kind):
+        fields = [_converted(column.field(i), field.type) for i, field in enumerate(kind)]  # field(): sliced as the struct
+        if any(f is None for f in fields):
+            return None
+        return pa.StructArray.from_arrays(fields, fields=list(kind), mask=column.is_null() if column.null_count else None)
+    if pa.types.is_list(kind):
+        values = _converted(column.values, kind.value_type)  # all the values, past a slice's rows too
+        if values is None:
+            return None
+        offsets = pa.array(column.offsets.to_numpy())  # unsliced: Arrow builds no nulls over sliced offsets
+        return pa.ListArray.from_arrays(offsets, values, type=kind, mask=column.is_null() if column.null_count else None)
+    return None
 
 
 def _rounds_as_parsed(doubles: np.ndarray) -> bool:
@@ -179,6 +194,66 @@ def _rounds_as_parsed(doubles: np.ndarray) -> bool:
         towards = np.where(wanted > nearest, np.float32(np.inf), np.float32(-np.inf))
         other = np.nextafter(singles[inexact], towards).astype(np.float64)  # the float on the text's other side
         return not ((nearest + other) / 2 == wanted).any()
+
+
+# The date and timestamp texts read here: ISO-8601 in full, years 0001-9999, up to microseconds,
+# the zone Z or ±hh:mm (hours to 17). Spark's reader takes more (2024-1-5, a date alone as a
+# timestamp, spaces around, an epoch number, more fraction digits): any other text leaves the
+# batch to the JVM.
+_DATE = r"^(?P<y>\d{4})-(?P<m>\d{2})-(?P<d>\d{2})$"
+_TIMESTAMP = (
+    r"^(?P<y>\d{4})-(?P<m>\d{2})-(?P<d>\d{2})[T ](?P<H>\d{2}):(?P<M>\d{2}):(?P<S>\d{2})"
+    r"(?:\.(?P<f>\d{1,6}))?(?P<z>Z|[+-](?:0\d|1[0-7]):[0-5]\d)?$"
+)
+_MICROS_PER_DAY = 86_400_000_000
+_MICROS_OF_YEARS = (-719_162 * _MICROS_PER_DAY, 2_932_897 * _MICROS_PER_DAY - 1)  # 0001-01-01 to 9999-12-31
+
+
+def _temporal(texts: pa.Array, kind: pa.DataType) -> pa.Array | None:
+    """Date or timestamp texts as `kind` (dates as days, timestamps as UTC microseconds), or None
+    when one is not in the form read here or is not a real date or time of day."""
+    parts = pc.extract_regex(texts, pattern=_DATE if pa.types.is_date32(kind) else _TIMESTAMP)
+    if parts.null_count != texts.null_count:  # a text of another form
+        return None
+
+    def text(name: str) -> pa.Array:
+        return pc.fill_null(parts.field(name), "")  # "" where the part is absent (or the text null)
+
+    def number(digits: pa.Array) -> np.ndarray:
+        return pc.cast(pc.if_else(pc.equal(digits, ""), "0", digits), pa.int64()).to_numpy(zero_copy_only=False)
+
+    year, month, day = number(text("y")), number(text("m")), number(text("d"))
+    valid = parts.is_valid().to_numpy(zero_copy_only=False)
+    ok = (year >= 1) & (month >= 1) & (month <= 12) & (day >= 1) & (day <= _days_in_month(year, month))
+    days = _days_from_civil(year, month, day)
+    if pa.types.is_date32(kind):
+        return pa.array(days.astype(np.int32), pa.date32(), mask=~valid) if ok[valid].all() else None
+    hour, minute, second = number(text("H")), number(text("M")), number(text("S"))
+    ok &= (hour <= 23) & (minute <= 59) & (second <= 59)
+    fraction = number(pc.utf8_rpad(text("f"), 6, "0"))  # microseconds
+    zone = text("z")  # Z, ±hh:mm, or "" (the session's zone, UTC)
+    sign = np.where(pc.starts_with(zone, "-").to_numpy(zero_copy_only=False), -1, 1)
+    shift = sign * (number(pc.utf8_slice_codeunits(zone, 1, 3)) * 60 + number(pc.utf8_slice_codeunits(zone, 4, 6)))
+    micros = ((days * 24 + hour) * 60 + minute - shift) * 60_000_000 + second * 1_000_000 + fraction
+    ok &= (micros >= _MICROS_OF_YEARS[0]) & (micros <= _MICROS_OF_YEARS[1])
+    return pa.array(micros, kind, mask=~valid) if ok[valid].all() else None
+
+
+def _days_in_month(year: np.ndarray, month: np.ndarray) -> np.ndarray:
+    """Days of each month in the proleptic Gregorian calendar (Spark's since 3.0)."""
+    leap = (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
+    lengths = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31, 31])  # index 12: a month out of range
+    return lengths[np.clip(month - 1, 0, 12)] + ((month == 2) & leap)
+
+
+def _days_from_civil(year: np.ndarray, month: np.ndarray, day: np.ndarray) -> np.ndarray:
+    """Days since 1970-01-01 of proleptic Gregorian dates (eras of 400 years from March)."""
+    y = year - (month <= 2)
+    era = np.floor_divide(y, 400)
+    year_of_era = y - era * 400
+    day_of_year = (153 * ((month + 9) % 12) + 2) // 5 + day - 1
+    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
+    return era * 146_097 + day_of_era - 719_468
 
 
 def _read(values: pa.Array, schema: pa.Schema) -> pa.Table | None:

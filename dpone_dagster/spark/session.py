@@ -52,6 +52,15 @@ def remote_url(conf: dict[str, Any] | None = None) -> str | None:
     return (conf or {}).get("spark.remote") or os.environ.get(REMOTE_ENV) or os.environ.get("SPARK_REMOTE") or None
 
 
+# Session time zones whose offset is always zero: Spark reads zone-less timestamp text and writes
+# timestamp text in them as in UTC.
+OFFSET_FREE_ZONES = ("UTC", "Etc/UTC", "GMT", "Etc/GMT", "Z", "+00:00")
+
+
+def offset_free(time_zone: str) -> bool:
+    return time_zone in OFFSET_FREE_ZONES
+
+
 def session_time_zone(spark: SparkSession) -> str:
     """The zone Spark reads zone-less timestamp text in and writes timestamp text in."""
     return spark.conf.get("spark.sql.session.timeZone") or "UTC"
