@@ -67,6 +67,21 @@ def clean_and_odd(bs: str, spark: Any, schema: StructType, clean: list[Any], odd
     return prepared, read_ranges(spark, tasks, settings)
 
 
+def same_rows_on_both_decoders(prepared: Any, raw: Any, schema: StructType, comparable: Any = None) -> Any:
+    """Decode the read of the read tasks and the raw read with `schema`: both give the same rows
+    (`comparable`: a projection of the decoded frame, for types Python cannot hold); the JVM's
+    frame is returned."""
+    keep = [*schema.fieldNames(), C.OP, C.SOURCE_PARTITION, C.SOURCE_OFFSET, C.CORRUPT]
+
+    def rows_of(df) -> list[str]:
+        frame = comparable(df.select(*keep)) if comparable is not None else df.select(*keep)
+        return sorted(json.dumps(r.asDict(recursive=True), sort_keys=True, default=str) for r in frame.collect())
+
+    jvm = decode_json(raw, schema, "flat", detect_unknown=False)
+    assert rows_of(decode_json(prepared, schema, "flat", detect_unknown=False)) == rows_of(jvm)
+    return jvm
+
+
 def rows(df):
     keep = [*SCHEMA.fieldNames(), C.OP, C.SOURCE_PARTITION, C.SOURCE_OFFSET, C.CORRUPT, C.UNKNOWN_KEYS]
     return sorted(json.dumps(r.asDict(recursive=True), sort_keys=True, default=str) for r in df.select(*keep).collect())
@@ -122,14 +137,7 @@ def test_declared_integers_decode_in_the_read_tasks_as_the_jvm_decodes_them(brok
     clean = [{"order_id": i, "qty": q, "flag": f, "note": "n"} for i, q, f in bounds * 10]
     odd = [b'{"order_id": 2147483648}', b'{"qty": 32768}', b'{"flag": -129}', b'{"order_id": 1.0}', b'{"qty": "7"}', b'{"flag": true}', b'{"flag": 200}']
     prepared, raw = clean_and_odd(broker.bootstrap_servers, spark, schema, clean, clean[:3] + odd)
-
-    def rows_of(df) -> list[str]:
-        keep = [*schema.fieldNames(), C.OP, C.SOURCE_PARTITION, C.SOURCE_OFFSET, C.CORRUPT]
-        return sorted(json.dumps(r.asDict(recursive=True), sort_keys=True, default=str) for r in df.select(*keep).collect())
-
-    fast = decode_json(prepared, schema, "flat", detect_unknown=False)
-    jvm = decode_json(raw, schema, "flat", detect_unknown=False)
-    assert rows_of(fast) == rows_of(jvm)
+    jvm = same_rows_on_both_decoders(prepared, raw, schema)
     by_offset = {(r[C.SOURCE_PARTITION], r[C.SOURCE_OFFSET]): r for r in jvm.collect()}
     assert (by_offset[(0, 1)]["order_id"], by_offset[(0, 1)]["qty"], by_offset[(0, 1)]["flag"]) == (-(2**31), -(2**15), -128)
     corrupt = [by_offset[(1, 3 + i)][C.CORRUPT] is not None for i in range(len(odd))]
@@ -166,14 +174,7 @@ def test_declared_floats_and_decimals_decode_in_the_read_tasks_as_the_jvm_decode
         b'{"fees": [1e-11]}',
     ]
     prepared, raw = clean_and_odd(broker.bootstrap_servers, spark, schema, clean, clean[:3] + odd)
-
-    def rows_of(df) -> list[str]:
-        keep = [*schema.fieldNames(), C.OP, C.SOURCE_PARTITION, C.SOURCE_OFFSET, C.CORRUPT]
-        return sorted(json.dumps(r.asDict(recursive=True), sort_keys=True, default=str) for r in df.select(*keep).collect())
-
-    fast = decode_json(prepared, schema, "flat", detect_unknown=False)
-    jvm = decode_json(raw, schema, "flat", detect_unknown=False)
-    assert rows_of(fast) == rows_of(jvm)
+    jvm = same_rows_on_both_decoders(prepared, raw, schema)
     by_offset = {(r[C.SOURCE_PARTITION], r[C.SOURCE_OFFSET]): r for r in jvm.collect()}
     assert by_offset[(1, 3)]["ratio"] == 1.0000001192092896 and by_offset[(1, 4)]["weights"] == [16777216.0]
     assert str(by_offset[(1, 6)]["price"]) == "1.01" and str(by_offset[(1, 8)]["price"]) == "1000.50"
@@ -209,15 +210,11 @@ def test_declared_dates_and_timestamps_decode_in_the_read_tasks_as_the_jvm_decod
     ]
     prepared, raw = clean_and_odd(broker.bootstrap_servers, spark, schema, clean, clean[:3] + odd)
 
-    def rows_of(df) -> list[str]:
-        keep = [*schema.fieldNames(), C.OP, C.SOURCE_PARTITION, C.SOURCE_OFFSET, C.CORRUPT]
-        frame = df.select(*keep).withColumn("day", F.unix_date("day")).withColumn("at", F.unix_micros("at"))
-        frame = frame.withColumn("log", F.transform("log", lambda e: F.when(e.isNotNull(), F.unix_micros(e["at"]))))
-        return sorted(json.dumps(r.asDict(recursive=True), sort_keys=True, default=str) for r in frame.collect())
+    def in_numbers(frame):  # days and microseconds: Python's datetime holds no year-1 offsets
+        frame = frame.withColumn("day", F.unix_date("day")).withColumn("at", F.unix_micros("at"))
+        return frame.withColumn("log", F.transform("log", lambda e: F.when(e.isNotNull(), F.unix_micros(e["at"]))))
 
-    fast = decode_json(prepared, schema, "flat", detect_unknown=False)
-    jvm = decode_json(raw, schema, "flat", detect_unknown=False)
-    assert rows_of(fast) == rows_of(jvm)
+    jvm = same_rows_on_both_decoders(prepared, raw, schema, in_numbers)
     by_offset = {(r[C.SOURCE_PARTITION], r[C.SOURCE_OFFSET]): r for r in jvm.select(F.col(C.SOURCE_PARTITION), F.col(C.SOURCE_OFFSET), F.unix_micros("at").alias("at"), F.unix_date("day").alias("day"), C.CORRUPT).collect()}
     assert by_offset[(0, 2)]["at"] == 1_704_448_800_500_000 and by_offset[(0, 0)]["day"] == 19_782
     assert by_offset[(1, 3)]["day"] == 19_727 and by_offset[(1, 6)]["at"] == 1_704_448_800_000_000
