@@ -169,6 +169,26 @@ def test_declared_floats_are_read_as_doubles_and_narrowed_only_where_that_rounds
         assert packing.unpack(">I", packing.pack(">f", read))[0] == bits, value
 
 
+@pytest.mark.parametrize(
+    "value, read",
+    [
+        (b'{"amount": -0}', None),  # Jackson reads the integer 0: Spark's double is 0.0, Arrow's -0.0
+        (b'{"amount": -0.0}', -0.0),
+        (b'{"amount": -0e3}', -0.0),
+        (b'{"amount": 0}', 0.0),
+        (b'{"status": "x:-0", "amount": -0.0}', None),  # text like the token: the JVM reads the batch
+    ],
+)
+def test_a_negative_zero_is_decoded_here_only_from_a_fraction_or_an_exponent(value, read):
+    import math
+
+    rows = decode(value)
+    if read is None:
+        assert rows is None
+    else:
+        assert rows[0]["amount"] == 0 and math.copysign(1, rows[0]["amount"]) == math.copysign(1, read)
+
+
 DECIMALS = arrow_schema(struct(("d", DecimalType(10, 2)), ("ds", ArrayType(DecimalType(38, 18)))), "UTC")
 
 
@@ -177,9 +197,12 @@ DECIMALS = arrow_schema(struct(("d", DecimalType(10, 2)), ("ds", ArrayType(Decim
     [
         (b'{"d": 12345678.99, "ds": [1e-18]}', {"d": "12345678.99", "ds": ["1E-18"]}),
         (b'{"d": 1e2}', {"d": "100.00", "ds": None}),
-        (b'{"d": "1.5"}', {"d": "1.50", "ds": None}),  # a numeric string, as Java's BigDecimal reads it
-        (b'{"d": "+.5"}', {"d": "0.50", "ds": None}),
         (b'{"d": -0.00}', {"d": "0.00", "ds": None}),
+        (b'{"ds": [12345678901234567890.123456789012345678]}', {"d": "None", "ds": ["12345678901234567890.123456789012345678"]}),
+        (b'{"d": "1.5"}', None),  # a quoted number: Spark's decoder reads it (as Java's BigDecimal)
+        (b'{"d": "1e+-1"}', None),  # pyarrow takes this exponent; Java refuses it (corrupt)
+        (b'{"ds": [4e20]}', None),  # pyarrow wraps past 128 bits scaling it to 18 places; corrupt for Spark
+        (b'{"d": -0}', None),
         (b'{"d": 1.005}', None),  # Spark rounds half up to the scale: the JVM reads it
         (b'{"d": 123456789.99}', None),  # past the precision: corrupt for Spark
         (b'{"d": "1,000.5"}', None),  # grouping commas: Spark reads them, pyarrow does not
@@ -187,7 +210,7 @@ DECIMALS = arrow_schema(struct(("d", DecimalType(10, 2)), ("ds", ArrayType(Decim
         (b'{"d": true}', None),
     ],
 )
-def test_declared_decimals_are_decoded_here_only_where_their_digits_fit(value, decoded):
+def test_declared_decimals_are_decoded_here_only_where_their_digits_fit_and_read_as_doubles_alike(value, decoded):
     columns = decode_values(pa.array([b'{"d": 1}', value], pa.binary()), DECIMALS)
     if decoded is None:
         assert columns is None

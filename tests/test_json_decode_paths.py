@@ -149,7 +149,7 @@ def test_declared_floats_and_decimals_decode_in_the_read_tasks_as_the_jvm_decode
     """Columns declared float and decimal (top level and in a list): a batch of values a double
     narrows to the float Java parses, and of decimals within their scale and precision, is decoded
     in its read task with the JVM's rows; a number halfway between two floats, a decimal Spark
-    rounds or overflows, a string with grouping commas leave the batch to the JVM."""
+    rounds or overflows, a quoted number, a string with grouping commas leave the batch to the JVM."""
     schema = StructType(
         [
             StructField("ratio", FloatType()),
@@ -162,7 +162,7 @@ def test_declared_floats_and_decimals_decode_in_the_read_tasks_as_the_jvm_decode
     clean = [
         b'{"ratio": %s, "price": %s, "fees": [%s, 1e-7], "weights": [%s]}' % (n, p, f, n)
         for n in numbers
-        for p, f in ((b"1234567890.12", b"0.0000000001"), (b'"-7.5"', b'"12"'), (b"1e2", b"-0"))
+        for p, f in ((b"1234567890.12", b"0.0000000001"), (b"-7.5", b"12"), (b"1e2", b"-0.0"))
     ]
     odd = [
         b'{"ratio": 1.0000000596046447753906251}',  # a double halfway between floats; Java rounds up
@@ -172,6 +172,8 @@ def test_declared_floats_and_decimals_decode_in_the_read_tasks_as_the_jvm_decode
         b'{"price": 12345678901.5}',  # past the precision
         b'{"price": "1,000.5"}',
         b'{"fees": [1e-11]}',
+        b'{"price": "-7.5", "fees": ["12"]}',  # quoted numbers
+        b'{"price": 4e10, "fees": [-0]}',  # past the precision; the integer -0
     ]
     prepared, raw = clean_and_odd(broker.bootstrap_servers, spark, schema, clean, clean[:3] + odd)
     jvm = same_rows_on_both_decoders(prepared, raw, schema)

@@ -13,6 +13,7 @@ the JVM. The guards below keep pyarrow's line-based reader aligned with the reco
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -103,7 +104,7 @@ def decode_values(values: pa.Array, schema: pa.Schema) -> list[pa.Array] | None:
     read_schema = pa.schema([(f.name, _read_type(f.type)) for f in schema])
     table = _read(values, read_schema)
     # No field beyond the schema at any depth (the JVM reports drift and widens the schema).
-    if table is None or table.schema != read_schema:
+    if table is None or table.schema != read_schema or not _decimals_confirmed(values, table):
         return None
     columns = _narrowed([table.column(i).slice(1).combine_chunks() for i in range(len(schema))], schema)
     return _aligned(values, columns) if columns is not None else None
@@ -118,6 +119,8 @@ def decode_envelopes(values: pa.Array, schema: pa.Schema) -> tuple[pa.Array, pa.
     data_type = _read_type(pa.struct(list(schema)))
     table = _read(values, pa.schema([("op", pa.string()), ("data", data_type)]))
     if table is None or table.schema.field("op").type != pa.string() or table.schema.field("data").type != data_type:
+        return None
+    if not _decimals_confirmed(values, table):
         return None
     op = table.column("op").slice(1).combine_chunks()
     data = table.column("data").slice(1).combine_chunks()
@@ -143,6 +146,59 @@ def _read_type(kind: pa.DataType) -> pa.DataType:
     if pa.types.is_list(kind):
         return pa.list_(_read_type(kind.value_type))
     return kind
+
+
+def _decimals_confirmed(values: pa.Array, table: pa.Table) -> bool:
+    """Whether the decimals of `table` (`values` as read) are the numbers written: read again as
+    doubles, each within a billionth of its decimal. pyarrow's reader takes exponents Java's
+    BigDecimal refuses (1e+-1, 1e0x1 in a string) and wraps a number past 128 bits when it scales
+    it (4e20 into decimal(38,18)); Spark makes those records corrupt, and such a batch is the
+    JVM's. A quoted number does not read as a double: the JVM reads it too."""
+    if not any(_holds_decimal(f.type) for f in table.schema):
+        return True
+    as_doubles = pa.schema([(f.name, _decimals_as_doubles(f.type)) for f in table.schema])
+    doubles = _read(values, as_doubles)
+    if doubles is None or doubles.schema != as_doubles:
+        return False
+    pairs = [(table.column(i).combine_chunks(), doubles.column(i).combine_chunks(), f.type) for i, f in enumerate(table.schema)]
+    return all(_agree(exact, double) for read, check, kind in pairs for exact, double in _decimal_leaves(read, check, kind))
+
+
+def _holds_decimal(kind: pa.DataType) -> bool:
+    if pa.types.is_decimal(kind):
+        return True
+    if pa.types.is_struct(kind):
+        return any(_holds_decimal(f.type) for f in kind)
+    return pa.types.is_list(kind) and _holds_decimal(kind.value_type)
+
+
+def _decimals_as_doubles(kind: pa.DataType) -> pa.DataType:
+    if pa.types.is_decimal(kind):
+        return pa.float64()
+    if pa.types.is_struct(kind):
+        return pa.struct([(f.name, _decimals_as_doubles(f.type)) for f in kind])
+    if pa.types.is_list(kind):
+        return pa.list_(_decimals_as_doubles(kind.value_type))
+    return kind
+
+
+def _decimal_leaves(read: pa.Array, check: pa.Array, kind: pa.DataType) -> Iterator[tuple[pa.Array, pa.Array]]:
+    """The decimal values of `read` beside the doubles `check` read at the same places."""
+    if pa.types.is_decimal(kind):
+        yield read, check
+    elif pa.types.is_struct(kind):
+        for i, field in enumerate(kind):
+            yield from _decimal_leaves(read.field(i), check.field(i), field.type)
+    elif pa.types.is_list(kind):
+        yield from _decimal_leaves(read.values, check.values, kind.value_type)
+
+
+def _agree(exact: pa.Array, double: pa.Array) -> bool:
+    if not exact.is_null().equals(double.is_null()):
+        return False
+    wanted = double.fill_null(0.0).to_numpy(zero_copy_only=False)
+    got = exact.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)
+    return bool((np.abs(got - wanted) <= 1e-9 * np.abs(wanted)).all())
 
 
 def _narrowed(columns: list[pa.Array], schema: pa.Schema) -> list[pa.Array] | None:
@@ -290,7 +346,9 @@ def _read(values: pa.Array, schema: pa.Schema) -> pa.Table | None:
         table.validate(full=True)
     except (pa.ArrowException, UnicodeDecodeError, ValueError):
         return None
-    if _holds_non_finite(table) and _NOT_JACKSONS.search(buffer):  # a record Spark finds corrupt
+    if _floats_hold(table, _non_finite) and _NOT_JACKSONS.search(buffer):  # a record Spark finds corrupt
+        return None
+    if _floats_hold(table, _negative_zero) and _MINUS_ZERO_INTEGER.search(buffer):  # Spark reads 0.0
         return None
     # One row per value (a value holding two objects would add rows).
     return table if table.num_rows == n + 1 else None
@@ -303,20 +361,34 @@ def _read(values: pa.Array, schema: pa.Schema) -> pa.Table | None:
 _NOT_JACKSONS = re.compile(rb"[:,\[][ \t\r\n]*(?:-NaN|-?Inf(?!inity))")
 
 
-def _holds_non_finite(data: pa.Table | pa.Array) -> bool:
-    """Whether a floating value anywhere in `data` (nested fields, lists, map values) is NaN or
-    infinite."""
+# The integer token -0, which Jackson reads as the integer 0 (so the double 0.0, where Arrow's
+# reader keeps the sign); looked for only in a batch that decoded a negative zero.
+_MINUS_ZERO_INTEGER = re.compile(rb"[:,\[][ \t\r\n]*-0(?![.eE0-9])")
+
+
+def _non_finite(values: pa.Array) -> bool:
+    return not pc.all(pc.is_finite(values)).as_py()
+
+
+def _negative_zero(values: pa.Array) -> bool:
+    numbers = values.to_numpy(zero_copy_only=False)
+    return bool(((numbers == 0) & np.signbit(numbers)).any())
+
+
+def _floats_hold(data: pa.Table | pa.Array, test: Callable[[pa.Array], bool]) -> bool:
+    """Whether `test` holds for the floating values anywhere in `data` (nested fields, lists, map
+    values; nulls left out)."""
     if isinstance(data, pa.Table):  # chunk by chunk: no column is copied
-        return any(_holds_non_finite(chunk) for column in data.columns for chunk in column.chunks)
+        return any(_floats_hold(chunk, test) for column in data.columns for chunk in column.chunks)
     kind = data.type
     if pa.types.is_floating(kind):
-        return not pc.all(pc.is_finite(data.drop_null())).as_py() if len(data) - data.null_count else False
+        return test(data.drop_null()) if len(data) - data.null_count else False
     if pa.types.is_struct(kind):
-        return any(_holds_non_finite(data.field(i)) for i in range(kind.num_fields))
+        return any(_floats_hold(data.field(i), test) for i in range(kind.num_fields))
     if pa.types.is_map(kind):
-        return _holds_non_finite(data.items) or _holds_non_finite(data.keys)
+        return _floats_hold(data.items, test) or _floats_hold(data.keys, test)
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        return _holds_non_finite(data.values)
+        return _floats_hold(data.values, test)
     return False
 
 
