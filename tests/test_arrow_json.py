@@ -43,7 +43,7 @@ SCHEMA = struct(
     ("customer", struct(("city", StringType()))),
     ("items", ArrayType(LongType())),
 )
-ARROW = arrow_schema(SCHEMA, "UTC")
+ARROW = arrow_schema(SCHEMA, True)
 
 
 def decode(*values: bytes | None) -> list[dict] | None:
@@ -106,7 +106,7 @@ def test_anything_pyarrow_might_read_differently_goes_to_the_jvm(value):
     assert decode(b'{"id": 1}', value) is None
 
 
-INTEGERS = arrow_schema(struct(("i", IntegerType()), ("s", ShortType()), ("b", ByteType())), "UTC")
+INTEGERS = arrow_schema(struct(("i", IntegerType()), ("s", ShortType()), ("b", ByteType())), True)
 
 
 @pytest.mark.parametrize(
@@ -132,7 +132,7 @@ def test_declared_integers_are_decoded_here_only_within_their_type(value, decode
         assert pa.Table.from_arrays(columns, schema=INTEGERS).to_pylist()[1] == decoded
 
 
-FLOATS = arrow_schema(struct(("f", FloatType()), ("fs", ArrayType(FloatType())), ("in", struct(("f", FloatType())))), "UTC")
+FLOATS = arrow_schema(struct(("f", FloatType()), ("fs", ArrayType(FloatType())), ("in", struct(("f", FloatType())))), True)
 
 
 @pytest.mark.parametrize(
@@ -189,7 +189,7 @@ def test_a_negative_zero_is_decoded_here_only_from_a_fraction_or_an_exponent(val
         assert rows[0]["amount"] == 0 and math.copysign(1, rows[0]["amount"]) == math.copysign(1, read)
 
 
-DECIMALS = arrow_schema(struct(("d", DecimalType(10, 2)), ("ds", ArrayType(DecimalType(38, 18)))), "UTC")
+DECIMALS = arrow_schema(struct(("d", DecimalType(10, 2)), ("ds", ArrayType(DecimalType(38, 18)))), True)
 
 
 @pytest.mark.parametrize(
@@ -219,7 +219,7 @@ def test_declared_decimals_are_decoded_here_only_where_their_digits_fit_and_read
     assert {"d": str(row["d"]), "ds": [str(v) for v in row["ds"]] if row["ds"] is not None else None} == decoded
 
 
-TEMPORAL = arrow_schema(struct(("day", DateType()), ("at", TimestampType()), ("log", ArrayType(struct(("at", TimestampType()))))), "UTC")
+TEMPORAL = arrow_schema(struct(("day", DateType()), ("at", TimestampType()), ("log", ArrayType(struct(("at", TimestampType()))))), True)
 AT_2024_01_05_10H = 1_704_448_800_000_000  # microseconds
 
 
@@ -254,12 +254,12 @@ def test_declared_dates_and_timestamps_are_decoded_here_only_in_their_full_iso_f
 
 
 def test_only_types_with_identical_semantics_are_decoded_here():
-    assert arrow_schema(struct(("at", TimestampType())), "Europe/Berlin") is None  # zone-less text would be Berlin's
-    assert arrow_schema(struct(("at", TimestampType())), "Etc/UTC") == pa.schema([("at", pa.timestamp("us", tz="UTC"))])
-    assert arrow_schema(struct(("ratio", FloatType()), ("price", DecimalType(12, 2))), "UTC") == pa.schema([("ratio", pa.float32()), ("price", pa.decimal128(12, 2))])
+    assert arrow_schema(struct(("day", DateType())), False) is None  # a session of another zone or calendar: Spark reads them
+    assert arrow_schema(struct(("at", TimestampType()), ("day", DateType())), True) == pa.schema([("at", pa.timestamp("us", tz="UTC")), ("day", pa.date32())])
+    assert arrow_schema(struct(("ratio", FloatType()), ("price", DecimalType(12, 2))), True) == pa.schema([("ratio", pa.float32()), ("price", pa.decimal128(12, 2))])
     assert INTEGERS == pa.schema([("i", pa.int32()), ("s", pa.int16()), ("b", pa.int8())])
-    assert arrow_schema(struct(("tags", ArrayType(struct(("at", TimestampNTZType()))))), "UTC") is None
-    assert arrow_schema(SCHEMA, "UTC") == pa.schema(
+    assert arrow_schema(struct(("tags", ArrayType(struct(("at", TimestampNTZType()))))), True) is None
+    assert arrow_schema(SCHEMA, True) == pa.schema(
         [
             ("id", pa.int64()),
             ("amount", pa.float64()),

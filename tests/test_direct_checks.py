@@ -143,6 +143,12 @@ def test_what_the_tasks_cannot_measure_as_spark_sql_would_is_left_to_spark():
     assert not measured(AcceptedValuesCheck(type="accepted_values", column="x", values=[1.5, float("nan")]), floats)
     # Spark groups 0.0 and -0.0 as one value, while their keys differ: no shortcut on a double key.
     assert not measured(UniqueCheck(type="unique", columns=["id", "x"]), floats, ("id", "x"))
+    # Text and dates are read in the session's zone and calendar: Spark's, unless ISO-8601 in UTC.
+    times = pa.schema([("seen", pa.string()), ("day", pa.date32()), ("at", pa.timestamp("us", "UTC"))])
+    for column in ("seen", "day", "at"):
+        check = FreshnessCheck(type="freshness", column=column, max_age_seconds=60)
+        assert bool(arrow_checks.row_checks([check], times, (), iso_times=True))
+        assert bool(arrow_checks.row_checks([check], times, (), iso_times=False)) == (column == "at"), column
 
 
 def test_accepted_values_and_not_null_compare_as_spark_does():

@@ -927,6 +927,30 @@ def test_timestamps_written_as_text_in_another_session_time_zone_take_the_spark_
     assert result.execution_path == "direct", result.notes
 
 
+@pytest.mark.parametrize(
+    ("setting", "value"), [("spark.sql.session.timeZone", "Europe/Berlin"), ("spark.sql.legacy.timeParserPolicy", "LEGACY")]
+)
+def test_declared_dates_and_timestamps_are_read_by_spark_in_a_session_of_another_zone_or_calendar(broker, spark, kafka_env, tmp_path, monkeypatch, setting, value):
+    """A zone-less timestamp is Berlin's wall time in a Berlin session, and Spark's legacy parser
+    reads fractions and old dates its own way: the tasks read neither, so the batch takes the
+    Spark SQL path, even into an Avro sink that writes no text."""
+    monkeypatch.setenv("KAFKA_CLUSTER_SCHEMA_REGISTRY_URL", f"mock://{uuid.uuid4().hex[:8]}")
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("dlegacy"), unique_topic("dlegacyd")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    produce_json(bs, src, declared_times(20), partition=0)
+    text = manifest_text(src, dst, tmp_path, "{mode: incremental_append}", "message_format: avro, schema_registry: {enabled: true}")
+    text = text.replace("options: {group_id:", f"options: {{{DECLARED_TIMES}, group_id:")
+    before = spark.conf.get(setting)
+    spark.conf.set(setting, value)
+    try:
+        result = run_pipeline(parse_manifest(text), spark)
+    finally:
+        spark.conf.set(setting, before)
+    assert result.execution_path == "spark_sql" and result.messages_produced == 20 == len(consume_raw(bs, dst, expected=20)), result.notes
+
+
 MAPPED = {"type": "record", "name": "Tagged", "namespace": "shop", "fields": [
     {"name": "order_id", "type": "long"},
     {"name": "attrs", "type": ["null", {"type": "map", "values": ["null", "string"]}]},

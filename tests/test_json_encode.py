@@ -118,7 +118,7 @@ def test_encoder_writes_what_spark_writes(spark):
         .select(F.to_json(F.struct(*[F.col(f"`{n}`") for n in SCHEMA.names]), JSON_WRITE_OPTIONS))
         .collect()
     ]
-    table = pa.Table.from_pylist(rows, schema=arrow_schema(SCHEMA, "UTC"))
+    table = pa.Table.from_pylist(rows, schema=arrow_schema(SCHEMA, True))
     # In batches, some sliced (the read tasks hand over slices of larger arrays).
     got: list[str] = []
     for start in range(0, len(rows), 3_000):

@@ -98,7 +98,7 @@ from dpone_dagster.spark import arrow_json
 from dpone_dagster.spark.jobs import MARGIN_S, BoundedJobs, deadline_s, waves
 from dpone_dagster.spark.keep import release_batch
 from dpone_dagster.spark.printed_numbers import printed_by_spark, unprinted_numbers
-from dpone_dagster.spark.session import is_connect, session_time_zone
+from dpone_dagster.spark.session import is_connect, iso_times
 from dpone_dagster.spark.slots import local_task_slots, produce_slots
 
 # What a read task may wait on the broker beyond its records (the reader's empty polls, a
@@ -211,7 +211,7 @@ def _copy(
             reader = source.reader_settings()
             return set().union(*jobs.in_tasks(groups, lambda g: task.schema_ids_of(reader, g), read_bound, "reading the batch's schema ids"))
 
-        settings, prepared, reason = _settings(manifest, planned, sink_config, result.run_id, registry_config, batch_ids, session_time_zone(spark), log)
+        settings, prepared, reason = _settings(manifest, planned, sink_config, result.run_id, registry_config, batch_ids, iso_times(spark), log)
     if reason is not None:
         if scan > 1:  # the plan changed by the first scan is one the direct path does not run
             result.notes.append(f"direct path: the batch went to the Spark SQL path: {reason}")
@@ -391,13 +391,13 @@ def _settings(
     run_id: str,
     registry_config: dict | None,
     batch_ids: Callable[[], set[int]],
-    time_zone: str,
+    times: bool,
     log: Log,
 ) -> tuple[task.DirectSettings | None, PreparedSchema | None, str | None]:
     """The tasks' settings from the batch's JSON plan (and the sink's prepared Avro schema), or why
     the direct path cannot decode or encode it. `batch_ids`: the schema ids the batch carries
-    (read in Spark tasks), for a registry source its subject does not plan. `time_zone`: the
-    session's (spark.sql.session.timeZone)."""
+    (read in Spark tasks), for a registry source its subject does not plan. `times`: whether the
+    session reads and writes date and time text as the tasks do (spark/session.iso_times)."""
     source = batch_source(planned)
     assert source is not None  # refusal() checked it
     registry = None
@@ -416,7 +416,7 @@ def _settings(
             registry = source.registry_plan_of_ids(batch_ids())
             source.use_registry_plan(planned.boundary, registry)
         payload, source_envelope = registry.schema, "flat"
-    schema = arrow_json.arrow_schema(payload, time_zone) if registry is None else registry_source.arrow_schema(payload)
+    schema = arrow_json.arrow_schema(payload, times) if registry is None else registry_source.arrow_schema(payload)
     if schema is None or not len(schema):
         return None, None, "a payload type the task decoder does not read"
     sink = manifest.sink
@@ -433,10 +433,10 @@ def _settings(
     once_per_key = key_columns is not None and (uses_dedupe(sink) or refuses_duplicates(sink))
     message_key = tuple(names[i] for i in key_columns) if once_per_key and key_columns is not None else ()
     options = sink.options
-    reason = message.unwritable_type(schema, key_columns, options.message_format == "json", options.key.mode == "hash_row", time_zone)
+    reason = message.unwritable_type(schema, key_columns, options.message_format == "json", options.key.mode == "hash_row", times)
     if reason is not None:
         return None, None, reason
-    row_checks = arrow_checks.row_checks(manifest.quality.checks, schema, message_key)
+    row_checks = arrow_checks.row_checks(manifest.quality.checks, schema, message_key, times)
     prepared, reason = direct_registry.prepare(manifest, payload, registry_config)
     if reason is not None:
         return None, None, reason

@@ -89,7 +89,7 @@ from dpone_dagster.sinks.registry import NO_REGISTRY, PreparedSchema
 from dpone_dagster.spark.jobs import MARGIN_S, BoundedJobs, deadline_s, waves
 from dpone_dagster.spark.keep import release_batch
 from dpone_dagster.spark.printed_numbers import printed_by_spark, unprinted_numbers
-from dpone_dagster.spark.session import is_connect, session_time_zone, speculates
+from dpone_dagster.spark.session import is_connect, iso_times, speculates
 from dpone_dagster.spark.slots import one_host, partition_count, produce_slots
 
 STRATEGIES = ("incremental_append", "incremental_merge", "full_refresh", "replace", "cdc")
@@ -156,7 +156,7 @@ def copy(
     if getattr(planned.boundary, "empty", False) and planned.boundary.method != "full":  # nothing between its bounds
         return nothing_planned(manifest, planned, result, extracted.notes, log)
     frame = extracted.df
-    settings, prepared, reason = _settings(manifest, frame.schema, sink_config, result.run_id, registry_config, session_time_zone(spark))
+    settings, prepared, reason = _settings(manifest, frame.schema, sink_config, result.run_id, registry_config, iso_times(spark))
     if reason is not None:
         log(f"direct path: not taken ({reason})")
         return None
@@ -240,10 +240,11 @@ def copy(
 
 
 def _settings(
-    manifest: Manifest, schema: StructType, sink_config: dict, run_id: str, registry_config: dict | None, time_zone: str
+    manifest: Manifest, schema: StructType, sink_config: dict, run_id: str, registry_config: dict | None, times: bool
 ) -> tuple[sql_task.SqlSettings | None, PreparedSchema | None, str | None]:
     """The tasks' settings for the rows of `schema` (the extracted frame's), or why the rule does
-    not write them. `time_zone`: the session's (spark.sql.session.timeZone)."""
+    not write them. `times`: whether the session writes date and time text as the tasks do
+    (spark/session.iso_times)."""
     sink, options = manifest.sink, manifest.sink.options
     names = C.payload_columns(schema.names)
     payload = StructType([schema[n] for n in names])
@@ -255,7 +256,7 @@ def _settings(
     except ConfigError as exc:  # the Spark SQL path decides (a batch without rows to publish succeeds there)
         return None, None, str(exc)
     json_value = options.message_format == "json"
-    reason = message.unwritable_type(arrow, key_columns, json_value, options.key.mode == "hash_row", time_zone)
+    reason = message.unwritable_type(arrow, key_columns, json_value, options.key.mode == "hash_row", times)
     if reason is not None:
         return None, None, reason
     prepared, reason = direct_registry.prepare(manifest, payload, registry_config)

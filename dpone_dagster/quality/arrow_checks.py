@@ -49,7 +49,7 @@ class RowCheck:
     positions: bool = False
 
 
-def row_checks(checks: Sequence[Any], schema: pa.Schema, message_key: Sequence[str] = ()) -> tuple[RowCheck, ...]:
+def row_checks(checks: Sequence[Any], schema: pa.Schema, message_key: Sequence[str] = (), iso_times: bool = True) -> tuple[RowCheck, ...]:
     """The manifest's row-level checks the tasks measure on `schema`; the others are left to Spark
     SQL on the decoded rows (great_expectations, a column not in the batch, a type whose comparison
     may differ, `unique` other than on the message key). `message_key`: the
@@ -57,12 +57,14 @@ def row_checks(checks: Sequence[Any], schema: pa.Schema, message_key: Sequence[s
     publishes holds every key once, so `unique` on them passes on the rows as published (not for a
     floating-point column, whose 0.0 and -0.0 Spark groups as one value). With a unique key,
     records leave the batch after the scan (repeated keys, keys missing): the published checks
-    keep their offending rows' positions to take them out."""
-    out = (_row_check(index, check, schema, message_key) for index, check in enumerate(checks) if check.type not in ("min_rows", "source_target_count"))
+    keep their offending rows' positions to take them out. `iso_times`: whether the session reads
+    date and time text as these checks do (ISO-8601 in UTC, spark/session.iso_times); otherwise a
+    freshness check on a text or date column is Spark's."""
+    out = (_row_check(index, check, schema, message_key, iso_times) for index, check in enumerate(checks) if check.type not in ("min_rows", "source_target_count"))
     return tuple(c for c in out if c is not None)
 
 
-def _row_check(index: int, check: Any, schema: pa.Schema, message_key: Sequence[str]) -> RowCheck | None:
+def _row_check(index: int, check: Any, schema: pa.Schema, message_key: Sequence[str], iso_times: bool) -> RowCheck | None:
     """How the tasks measure one check, or None when they cannot as Spark SQL would."""
     if isinstance(check, UniqueCheck):
         exact = all(_exact_key(schema.field(c).type) for c in message_key)
@@ -87,6 +89,8 @@ def _row_check(index: int, check: Any, schema: pa.Schema, message_key: Sequence[
             return None
     if isinstance(check, FreshnessCheck) and wanted and not _timelike(schema.field(wanted[0]).type):
         return None
+    if isinstance(check, FreshnessCheck) and wanted and not iso_times and not pa.types.is_timestamp(schema.field(wanted[0]).type):
+        return None  # text and dates are read in the session's zone and calendar: Spark measures them
     stage = check_stage(check)
     return RowCheck(index, check.type, stage, tuple(dict.fromkeys(wanted)), accepted, stage == "published" and bool(message_key))
 

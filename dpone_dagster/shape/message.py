@@ -23,7 +23,6 @@ import pyarrow.compute as pc
 from dpone_dagster.formats import registry_values
 from dpone_dagster.shape import envelope, keys
 from dpone_dagster.sinks import json_encode
-from dpone_dagster.spark.session import offset_free
 
 # A registry sink's value: format, schema, and for protobuf the message indexes and imported files.
 ValueFormat = tuple[str, str, tuple[int, ...] | None, tuple[tuple[str, str], ...]]
@@ -137,10 +136,11 @@ def _spread(values: pa.Array, where: pa.Array) -> pa.Array:
     return values.take(pc.if_else(where, positions, pa.scalar(None, pa.int64())))
 
 
-def unwritable_type(schema: pa.Schema, key_columns: tuple[int, ...] | None, json_value: bool, hash_row: bool, time_zone: str) -> str | None:
+def unwritable_type(schema: pa.Schema, key_columns: tuple[int, ...] | None, json_value: bool, hash_row: bool, iso_times: bool) -> str | None:
     """Why the rule cannot write a message of `schema`'s rows whatever their values (a type the
-    JSON encoder or a key's text does not write as Spark does), or None. `time_zone`: the Spark
-    session's, in which Spark writes a timestamp's text (the rule writes UTC)."""
+    JSON encoder or a key's text does not write as Spark does), or None. `iso_times`: whether the
+    Spark session writes date and timestamp text as the rule does (ISO-8601 in UTC,
+    spark/session.iso_times)."""
     in_json = schema if json_value or hash_row else None
     if in_json is None and key_columns is not None and len(key_columns) > 1:
         in_json = pa.schema([schema.field(i) for i in key_columns])
@@ -148,8 +148,11 @@ def unwritable_type(schema: pa.Schema, key_columns: tuple[int, ...] | None, json
     if reason is not None:
         return f"a message whose JSON holds {reason}"
     as_text = list(in_json or []) + ([schema.field(key_columns[0])] if key_columns is not None and len(key_columns) == 1 else [])
-    if not offset_free(time_zone) and any(_holds_timestamp(f.type) for f in as_text):
-        return f"a timestamp written as text in the session time zone {time_zone} (spark.sql.session.timeZone; the tasks write UTC)"
+    if not iso_times and any(_holds_time(f.type) for f in as_text):
+        return (
+            "a date or timestamp written as text in the session's time zone or calendar "
+            "(spark.sql.session.timeZone other than UTC, or spark.sql.legacy.timeParserPolicy LEGACY; the tasks write ISO-8601 in UTC)"
+        )
     if key_columns is not None and len(key_columns) == 1:
         field = schema.field(key_columns[0])
         try:
@@ -159,13 +162,13 @@ def unwritable_type(schema: pa.Schema, key_columns: tuple[int, ...] | None, json
     return None
 
 
-def _holds_timestamp(kind: pa.DataType) -> bool:
-    if pa.types.is_timestamp(kind):
+def _holds_time(kind: pa.DataType) -> bool:
+    if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
         return True
     if pa.types.is_struct(kind):
-        return any(_holds_timestamp(f.type) for f in kind)
+        return any(_holds_time(f.type) for f in kind)
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        return _holds_timestamp(kind.value_type)
+        return _holds_time(kind.value_type)
     if pa.types.is_map(kind):
-        return _holds_timestamp(kind.key_type) or _holds_timestamp(kind.item_type)
+        return _holds_time(kind.key_type) or _holds_time(kind.item_type)
     return False

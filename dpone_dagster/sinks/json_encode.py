@@ -208,11 +208,16 @@ def _spark_typed(array: pa.Array) -> pa.Array | None:
     return None
 
 
+# Time zones whose offset is always zero: Spark reads zone-less timestamp text and writes
+# timestamp text in them as in UTC (a session's zone, or an Arrow timestamp's).
+OFFSET_FREE_ZONES = ("UTC", "Etc/UTC", "GMT", "Etc/GMT", "Z", "+00:00")
+
+
 def timestamp_text(array: pa.Array, separator: str) -> pa.Array:
     """A UTC timestamp column as `yyyy-MM-dd<separator>HH:mm:ss.SSSSSS` (no zone); years 1 to
     9999 only, whose text is the same in Arrow and Java."""
     kind = array.type
-    if kind.unit != "us" or kind.tz not in ("UTC", "Etc/UTC", "+00:00"):
+    if kind.unit != "us" or kind.tz not in OFFSET_FREE_ZONES:
         raise Unencodable(f"a timestamp of type {kind} (Spark writes UTC microseconds)")
     wall = array.cast(pa.timestamp("us"))  # the UTC wall clock: Arrow prints it ~10x faster than a zoned one
     _check_range(wall.cast(pa.int64()), _MICROS_OF_YEARS)

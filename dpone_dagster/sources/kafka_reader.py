@@ -22,7 +22,7 @@ from dpone_dagster import columns as C
 from dpone_dagster.kafka.boundary import ReadTask, pack_tasks
 from dpone_dagster.kafka.config import range_reader_config
 from dpone_dagster.spark import arrow_json
-from dpone_dagster.spark.session import session_time_zone
+from dpone_dagster.spark.session import iso_times
 from dpone_dagster.spark.slots import local_task_slots
 
 RAW_SCHEMA = T.StructType(
@@ -87,7 +87,7 @@ def read_records(spark: SparkSession, tasks: list[ReadTask], settings: ReaderSet
     specs = [(t.topic, t.partition, t.start, t.end) for t in tasks]
     output, decode_schema = RAW_SCHEMA, None
     if json_schema is not None:
-        decode_schema = arrow_json.arrow_schema(json_schema, session_time_zone(spark))
+        decode_schema = arrow_json.arrow_schema(json_schema, iso_times(spark))
         if decode_schema is not None:
             decoded = [T.StructField(json_column(i), f.dataType, True) for i, f in enumerate(json_schema.fields)]
             output = T.StructType([*RAW_SCHEMA.fields, *decoded, T.StructField(JSON_OK, T.BooleanType(), False)])

@@ -36,8 +36,6 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from dpone_dagster.spark.session import offset_free
-
 # A first line that is an object: pyarrow crashes (SIGSEGV, 26.0) on a buffer whose first row
 # is a JSON `null`; with this line first no later row can be the first.
 _SENTINEL = b"{}"
@@ -50,10 +48,11 @@ _SENTINEL = b"{}"
 _INTEGERS = {LongType: pa.int64(), IntegerType: pa.int32(), ShortType: pa.int16(), ByteType: pa.int8()}
 
 
-def arrow_type(dtype: DataType, time_zone: str) -> pa.DataType | None:
+def arrow_type(dtype: DataType, iso_times: bool) -> pa.DataType | None:
     """The Arrow type the reader decodes `dtype` into, or None when the fast path does not
     support it (the types schema inference produces are supported, and declared integers,
-    floats, decimals, dates, and timestamps where `time_zone`, the session's, has no offset)."""
+    floats, decimals, and dates and timestamps where the session reads their text as ISO-8601 in
+    UTC: `iso_times`, spark/session.iso_times)."""
     if type(dtype) in _INTEGERS:
         return _INTEGERS[type(dtype)]
     if isinstance(dtype, DoubleType):
@@ -65,28 +64,28 @@ def arrow_type(dtype: DataType, time_zone: str) -> pa.DataType | None:
         # precision (Spark rounds half up and reads strings with grouping commas: those batches
         # fail here and the JVM decodes them); the strings it reads, Java's BigDecimal reads alike.
         return pa.decimal128(dtype.precision, dtype.scale)
-    if isinstance(dtype, DateType):  # read as text, then parsed (_temporal)
+    if isinstance(dtype, DateType) and iso_times:  # read as text, then parsed (_temporal)
         return pa.date32()
-    if isinstance(dtype, TimestampType) and offset_free(time_zone):  # zone-less text is UTC then
+    if isinstance(dtype, TimestampType) and iso_times:  # zone-less text is UTC then
         return pa.timestamp("us", tz="UTC")
     if isinstance(dtype, BooleanType):
         return pa.bool_()
     if isinstance(dtype, StringType):
         return pa.string()
     if isinstance(dtype, ArrayType):
-        element = arrow_type(dtype.elementType, time_zone)
+        element = arrow_type(dtype.elementType, iso_times)
         return pa.list_(element) if element is not None else None
     if isinstance(dtype, StructType):
-        fields = [(f.name, arrow_type(f.dataType, time_zone)) for f in dtype.fields]
+        fields = [(f.name, arrow_type(f.dataType, iso_times)) for f in dtype.fields]
         if any(t is None for _, t in fields) or len({name for name, _ in fields}) != len(fields):
             return None
         return pa.struct(fields)
     return None
 
 
-def arrow_schema(schema: StructType, time_zone: str) -> pa.Schema | None:
-    """`arrow_type` of a payload schema; `time_zone`: the session's (spark.sql.session.timeZone)."""
-    struct = arrow_type(schema, time_zone)
+def arrow_schema(schema: StructType, iso_times: bool) -> pa.Schema | None:
+    """`arrow_type` of a payload schema."""
+    struct = arrow_type(schema, iso_times)
     return pa.schema(list(struct)) if struct is not None else None
 
 

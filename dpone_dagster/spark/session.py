@@ -13,6 +13,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from dpone_dagster.child_env import withheld_from_children
+from dpone_dagster.sinks.json_encode import OFFSET_FREE_ZONES
 
 
 def default_spark_conf() -> dict[str, Any]:
@@ -52,11 +53,6 @@ def remote_url(conf: dict[str, Any] | None = None) -> str | None:
     return (conf or {}).get("spark.remote") or os.environ.get(REMOTE_ENV) or os.environ.get("SPARK_REMOTE") or None
 
 
-# Session time zones whose offset is always zero: Spark reads zone-less timestamp text and writes
-# timestamp text in them as in UTC.
-OFFSET_FREE_ZONES = ("UTC", "Etc/UTC", "GMT", "Etc/GMT", "Z", "+00:00")
-
-
 def offset_free(time_zone: str) -> bool:
     return time_zone in OFFSET_FREE_ZONES
 
@@ -64,6 +60,14 @@ def offset_free(time_zone: str) -> bool:
 def session_time_zone(spark: SparkSession) -> str:
     """The zone Spark reads zone-less timestamp text in and writes timestamp text in."""
     return spark.conf.get("spark.sql.session.timeZone") or "UTC"
+
+
+def iso_times(spark: SparkSession) -> bool:
+    """Whether Spark reads and writes date and timestamp text as ISO-8601 in UTC, as the direct
+    path's tasks do: a session time zone without an offset and the proleptic calendar (not
+    spark.sql.legacy.timeParserPolicy LEGACY, whose parser and calendar differ)."""
+    legacy = (spark.conf.get("spark.sql.legacy.timeParserPolicy", "CORRECTED") or "").upper() == "LEGACY"
+    return offset_free(session_time_zone(spark)) and not legacy
 
 
 def is_connect(spark: SparkSession) -> bool:
