@@ -2271,6 +2271,84 @@ def test_bad_records_follow_on_error_as_on_the_spark_sql_path(broker, spark, kaf
     assert (lettered, skipped, len(letters)) == ((3, 0, 3) if on_error == "dead_letter" else (0, 3, 0))
 
 
+@pytest.mark.parametrize("on_error", ["skip", "dead_letter"])
+def test_more_bad_records_than_the_tasks_once_reported_stay_on_the_direct_path(broker, spark, kafka_env, tmp_path, monkeypatch, on_error):
+    """A poisoned topic: 12,500 corrupt records (more than the 10,000 a task once handed to the
+    driver whole) among 2,500 good ones, over keys that repeat. The tasks report where the bad
+    records are, the driver reads them again in Spark: the direct path skips or dead-letters them
+    all, with the Spark SQL path's outcome, letters and offsets."""
+    bs = broker.bootstrap_servers
+    src = unique_topic("dpoison")
+    create_topic(bs, src, 2)
+    for p in range(2):
+        rows: list[Any] = [b'{"order_id": %d, "amount": 1' % i if i % 6 else {"order_id": i % 700, "amount": 2.5} for i in range(7_500)]
+        produce_json(bs, src, rows, partition=p)
+    no_handover(monkeypatch)
+    strategy = "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}"
+    declared = "schema: [{name: order_id, type: long}, {name: amount, type: double}]"
+    outcomes = on_error_outcomes(bs, spark, src, tmp_path, monkeypatch, strategy, "", f"{declared}, on_error: {on_error}")
+    assert outcomes["direct"] == outcomes["spark_sql"]
+    extracted, lettered, skipped, removed, produced, offsets, _, letters = outcomes["direct"]
+    assert extracted == 15_000 and produced == 350 and removed == 2_150 and offsets == {0: 7_500, 1: 7_500}
+    assert (lettered, skipped, len(letters)) == ((12_500, 0, 12_500) if on_error == "dead_letter" else (0, 12_500, 0))
+
+
+def test_a_record_only_spark_reads_beside_garbage_is_read_once_by_spark(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """A value Spark reads that is no object on its own line (a trailing line break) in the same
+    Arrow batch as garbage: both are set aside, Spark decodes the first for the tasks, and the
+    scan again reads it from there instead of setting it aside again (which would scan until
+    the batch went to the Spark SQL path)."""
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("dwsp"), unique_topic("dwspd")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    produce_json(bs, src, [b'{"order_id": 3}\n' if i == 3 else b"{not json" if i == 5 else {"order_id": i} for i in range(10)], partition=0)
+    no_handover(monkeypatch)
+    text = manifest_text(src, dst, tmp_path, "{mode: incremental_append}")
+    result = run_pipeline(parse_manifest(text.replace("options: {group_id:", "options: {on_error: skip, group_id:")), spark)
+    assert result.execution_path == "direct" and result.rows_skipped == 1, result.notes
+    values = sorted(r["value"] for r in consume_raw(bs, dst, expected=9))
+    assert values == sorted(b'{"order_id":%d}' % i for i in range(10) if i != 5)
+
+
+@pytest.mark.parametrize("gone", ["deleted", "compacted"])
+def test_bad_records_gone_from_the_topic_before_they_are_read_again_fail_the_run(broker, spark, kafka_env, tmp_path, monkeypatch, gone):
+    """The driver reads the records the scan set aside again: records deleted from the topic in
+    between (a real DeleteRecords on the embedded broker) fail that read; a record missing from
+    the read (compaction, which the embedded broker cannot be made to run on demand: the read is
+    made to lose one record) fails the count. Either way nothing is produced or dead-lettered and
+    no offset is stored."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from dpone_dagster.engine import direct_bad_records
+
+    bs = broker.bootstrap_servers
+    src, dst, dlq = unique_topic("dgone"), unique_topic("dgoned"), unique_topic("dgonel")
+    for topic in (src, dst, dlq):
+        create_topic(bs, topic, 1)
+    produce_json(bs, src, [b"{not json" if i in (2, 7) else {"order_id": i} for i in range(20)], partition=0)
+    read_again = direct_bad_records._read_again
+
+    def vanished(spark: Any, planned: Any, aside: pa.Table) -> Any:
+        if gone == "compacted":
+            return read_again(spark, planned, aside).where("offset <> 7")
+        done = AdminClient({"bootstrap.servers": bs}).delete_records([TopicPartition(src, 0, 5)])
+        for future in done.values():
+            future.result(timeout=30)
+        return read_again(spark, planned, aside)
+
+    monkeypatch.setattr(direct_bad_records, "_read_again", vanished)
+    text = manifest_text(src, dst, tmp_path, "{mode: incremental_append}")
+    on_error = "skip" if gone == "compacted" else "dead_letter"  # skipped, a lost record would pass unseen
+    manifest = parse_manifest(text.replace("options: {group_id:", f"options: {{on_error: {on_error}, dead_letter: {{topic: {dlq}}}, group_id:"))
+    with pytest.raises((RunFailed, ConfigError, DataRefused)) as caught:
+        run_pipeline(manifest, spark)
+    assert gone == "deleted" or "no longer in" in str(caught.value)
+    assert consume_raw(bs, dst, expected=0) == [] and consume_raw(bs, dlq, expected=0) == []
+    assert open_manifest_state_store(manifest).load_offsets(src, f"g_{dst}") == {}
+
+
 # Messages over message.max.bytes among keys keep_last / keep_first settle (partition, index):
 # keys 5 oversized before its small record, 4 and 10_005 (the other partition) after it, 99_999
 # once.

@@ -124,7 +124,7 @@ class ScanReport:
     deletes: int = 0  # deletes in the slices (left out of the messages when skipped)
     schema_ids: frozenset[int] = frozenset()  # a registry source: the schema ids its values carry
     checks: Tally | None = None  # the row-level quality checks' measures
-    # Raw records left out of the messages for the driver to judge as bad records (SET_ASIDE_KEPT).
+    # Where the records left out of the messages are, for the driver to judge as bad records (SET_ASIDE_KEPT).
     set_aside: pa.Table | None = None
     kept: tuple[tuple[Slice, int], ...] = ()  # the messages kept per slice
     numbers: frozenset[json_encode.NumberKey] = frozenset()  # numbers met that Spark has not printed yet
@@ -151,12 +151,14 @@ class UnplannedIds(Refused):
         super().__init__(f"{UNPLANNED}: {sorted(ids)}")
 
 
-# Records a scan task sets aside for the driver (more go to the Spark SQL path): the raw record,
-# why (undecodable: the task decoder does not read it; keyless: an upsert without its unique key;
-# oversized: its message exceeds message.max.bytes) and, when oversized, the message's size.
-SET_ASIDE_KEPT = 10_000
-SET_ASIDE_BYTES = 64 << 20  # ... and at most this many bytes of them
-RAW_NAMES = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
+# Records a scan task sets aside for the driver (more go to the Spark SQL path): where the record
+# is and its timestamp (the driver reads the records themselves again in Spark,
+# engine/direct_bad_records.py), why
+# (undecodable: the task decoder does not read it; keyless: an upsert without its unique key;
+# oversized: its message exceeds message.max.bytes) and, when oversized, the message's size and key.
+SET_ASIDE_KEPT = 250_000  # a whole task of the default records_per_task
+SET_ASIDE_BYTES = 64 << 20  # ... and at most this many bytes of them (keys and reasons)
+ASIDE_NAMES = ("partition", "offset", "timestamp", "kind", "size", "message_key", "reason")
 
 
 def shape(
@@ -280,7 +282,7 @@ def _kept_messages(
     except Undecodable:
         if not settings.screen_undecodable:
             raise
-        bad = pa.array(failing(raw.num_rows, lambda low, n: not _reads(settings, raw.slice(low, n)), SET_ASIDE_KEPT))
+        bad = _undecodable(settings, raw)
         if not pc.any(bad).as_py():
             raise Refused("a batch the task decoder reads record by record but not whole") from None
         why = None
@@ -303,18 +305,36 @@ def _kept_messages(
     return messages, deletes, lengths, pa.Table.from_batches(aside).combine_chunks().to_batches()[0] if aside else None
 
 
+def _undecodable(settings: DirectSettings, raw: pa.RecordBatch) -> pa.Array:
+    """Which records of `raw` the task decoder does not read: JSON values that are no object on
+    their own (a poisoned topic's garbage and cut values: one vectorised look), then the others
+    found by halves (`failing`)."""
+    values = raw.column("value")
+    obvious = np.zeros(raw.num_rows, bool)
+    if settings.registry_source is None:
+        whole = pc.and_(pc.starts_with(values, "{"), pc.ends_with(values, "}"))
+        obvious = pc.invert(pc.fill_null(whole, True)).to_numpy(zero_copy_only=False)
+        found = settings.spark_rows.found(raw) if settings.spark_rows is not None else None
+        if found is not None:  # decoded by Spark already: the task decoder reads them now
+            obvious &= ~np.asarray(found, bool)
+    rest = raw.filter(pa.array(~obvious)) if obvious.any() else raw
+    bad = obvious.copy()
+    bad[~obvious] = failing(rest.num_rows, lambda low, n: not _reads(settings, rest.slice(low, n)), SET_ASIDE_KEPT - int(obvious.sum()))
+    return pa.array(bad)
+
+
 def _aside(
     raw: pa.RecordBatch, where: pa.Array, kind: str, sizes: pa.Array | None = None, keys: pa.Array | None = None, reasons: pa.Array | None = None
 ) -> pa.RecordBatch:
-    """The raw records `where` selects, as set aside: the kind, the message's size and key
-    (oversized), the decoder's reason (undecodable registry values)."""
-    picked = raw.filter(where).select(list(RAW_NAMES))
+    """Where the raw records `where` selects are, as set aside: the kind, the message's size and
+    key (oversized), the decoder's reason (undecodable registry values)."""
+    picked = raw.filter(where).select(["partition", "offset", "timestamp"])  # the timestamp orders repeated keys
     n = picked.num_rows
     kinds = pa.array([kind] * n, pa.string())
     sizes = sizes.cast(pa.int64()) if sizes is not None else pa.nulls(n, pa.int64())
     keys = keys if keys is not None else pa.nulls(n, pa.binary())
     reasons = reasons if reasons is not None else pa.nulls(n, pa.string())
-    return pa.RecordBatch.from_arrays([*picked.columns, kinds, sizes, keys, reasons], names=[*RAW_NAMES, "kind", "size", "message_key", "reason"])
+    return pa.RecordBatch.from_arrays([*picked.columns, kinds, sizes, keys, reasons], names=list(ASIDE_NAMES))
 
 
 def _lengths(settings: DirectSettings, partition: int, messages: pa.RecordBatch) -> pa.Array:

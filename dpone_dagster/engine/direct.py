@@ -156,10 +156,11 @@ def copy(
     prints as Spark writes them (json_encode.SparkNumbers): printed by Spark on the driver."""
     printed: dict[NumberKey, str] = {}  # those numbers' texts, kept from one scan to the next
     decoded: SparkRows | None = None  # records only Spark's decoder reads, as it decoded them
+    held: list[BadRecords] = []  # a scan's bad records, read again: released once the scan is done
     for scan in range(1, MAX_SCANS + 1):
         attempt = Attempt.begin(result)
         try:
-            return _copy(manifest, spark, planned, result, sink_config, log, registry_config, scan, printed, decoded, publish)
+            return _copy(manifest, spark, planned, result, sink_config, log, registry_config, scan, printed, decoded, publish, held)
         except ScanAgain as exc:
             if scan == MAX_SCANS:
                 attempt.take_back(result, ToSparkSql(f"the plan changed again after {scan} scans ({exc})"), log)
@@ -171,6 +172,9 @@ def copy(
                     attempt.take_back(result, ToSparkSql(too_many), log)
                     return None
             log(f"direct path: {exc}; scanning the batch again")
+        finally:
+            while held:
+                held.pop().release()
     raise AssertionError("unreachable")
 
 
@@ -186,9 +190,11 @@ def _copy(
     printed: dict[NumberKey, str],
     decoded: SparkRows | None,
     publish: bool,
+    held: list[BadRecords],
 ) -> Delivered | Judged | None:
     """One scan of `copy`; ScanAgain (what it recorded taken back) when the source's plan changed
-    or the scan met numbers only Spark prints alike (added to `printed`)."""
+    or the scan met numbers only Spark prints alike (added to `printed`). The scan's bad records
+    are added to `held`, for `copy` to release."""
     reason = refusal(manifest, planned)
     settings = prepared = None
     source = batch_source(planned)
@@ -243,7 +249,8 @@ def _copy(
                 if total and settings.hold_back_late:  # left out by the scan; sent before the state moves
                     planned.source.hold_back(spark, boundary, total, {w: n for w, n in late.items() if n}, log)
             result.notes.extend(source_notes)  # where the Spark SQL path's extract puts them (an attempt taken back drops them)
-            bad = BadRecords(manifest, spark, planned, reports, sink_config)
+            bad = BadRecords(manifest, spark, planned, reports, sink_config, jobs, read_bound)
+            held.append(bad)
             bad.judge_undecodable(result, settings.schema)
         rows = result.rows_extracted = sum(r.rows for r in reports)
         tally = Tally()

@@ -1,5 +1,10 @@
 """The records a direct-path scan set aside (undecodable, without their unique key, over
-message.max.bytes), judged on the driver where and as the Spark SQL path judges them."""
+message.max.bytes), judged on the driver where and as the Spark SQL path judges them.
+
+The tasks report where those records are, not the records: the driver reads them again in Spark
+(only the slices that hold them, in one bounded job, kept for the judging and the dead letters), as
+the Spark SQL path reads its dead letters from its batch. A record gone from the topic since the
+scan (deleted, or compacted away) fails the run before anything is produced."""
 
 from __future__ import annotations
 
@@ -21,11 +26,15 @@ from dpone_dagster.engine.direct_keys import by_partition
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.time_windows import LateRecordScreen
+from dpone_dagster.errors import RunFailed
+from dpone_dagster.kafka.boundary import split_into_tasks
 from dpone_dagster.manifest.models import Manifest
 from dpone_dagster.sinks.dead_letters import DeadLetters
 from dpone_dagster.sources.kafka import KafkaBatchSource
-from dpone_dagster.sources.kafka_reader import RAW_SCHEMA
+from dpone_dagster.sources.kafka_reader import read_ranges
 from dpone_dagster.spark.decode import decode_json
+from dpone_dagster.spark.jobs import BoundedJobs
+from dpone_dagster.spark.keep import keep_batch, release_batch
 
 
 def batch_source(planned: PlannedRead) -> KafkaBatchSource | None:
@@ -44,15 +53,31 @@ class BadRecords:
     source.options.on_error: fail raises before anything is produced, dead letters are sent once
     every gate passed."""
 
-    def __init__(self, manifest: Manifest, spark: SparkSession, planned: PlannedRead, reports: list[task.ScanReport], sink_config: dict):
+    def __init__(
+        self, manifest: Manifest, spark: SparkSession, planned: PlannedRead, reports: list[task.ScanReport], sink_config: dict, jobs: BoundedJobs, seconds: float
+    ):
+        """`jobs`, `seconds`: the run's bounded jobs and the bound of reading the batch."""
         tables = [r.set_aside for r in reports if r.set_aside is not None and r.set_aside.num_rows]
         self.manifest, self.spark, self.planned = manifest, spark, planned
         self.aside = pa.concat_tables(tables) if tables else None
         self.letters: DeadLetters | None = None
+        self.raw: DataFrame | None = None  # the records set aside, read again (kept until `release`)
         if self.aside is not None:
-            raw = spark.createDataFrame(self.aside.select(list(task.RAW_NAMES)).to_pylist(), RAW_SCHEMA)
-            self.letters = DeadLetters(manifest, raw, sink_config)
+            self.raw = keep_batch(_read_again(spark, planned, self.aside))
+            found = jobs.run(self.raw.count, seconds, "reading the batch's bad records again")
+            if found != self.aside.num_rows:
+                raise RunFailed(
+                    f"{self.aside.num_rows - found} of the {self.aside.num_rows} bad record(s) the scan set aside are no longer in "
+                    f"{planned.label} (deleted or compacted since); nothing was produced and no state moved: run again"
+                )
+            self.letters = DeadLetters(manifest, self.raw, sink_config)
         self.left_out = 0  # records judged so far (left out of the messages)
+
+    def release(self) -> None:
+        """Free the records read again (once the dead letters are sent, or the run has failed)."""
+        if self.raw is not None:
+            release_batch(self.raw)
+            self.raw = None
 
     def count(self, kind: str) -> int:
         return 0 if self.aside is None else int(pc.sum(pc.equal(self.aside["kind"], kind)).as_py() or 0)
@@ -126,15 +151,32 @@ class BadRecords:
 
     def _of(self, kind: str, with_size: bool = False, with_reason: bool = False) -> Any:
         assert self.aside is not None
-        picked = self.aside.filter(pc.equal(self.aside["kind"], kind))
-        columns = [picked[name].to_pylist() for name in ("partition", "offset", "size", "reason")]
-        frame = self.spark.createDataFrame(list(zip(*columns, strict=True)), "partition int, offset long, size long, reason string")
+        picked = self.aside.filter(pc.equal(self.aside["kind"], kind)).select(["partition", "offset", "size", "reason"])
+        frame = self.spark.createDataFrame(picked.cast(_WHERE_SCHEMA))  # from Arrow: a million rows in seconds
         return frame.drop(*(["size"] if not with_size else []), *(["reason"] if not with_reason else []))
 
     def _handle(self, bad: Any, n: int, result: RunResult, what: str) -> None:
         assert self.letters is not None
         handle_bad_records(self.manifest, bad, n, self.letters, result, what)
         self.left_out += n
+
+
+_POSITIONS = pa.schema([("partition", pa.int32()), ("offset", pa.int64())])
+_WHERE_SCHEMA = pa.schema([*_POSITIONS, ("size", pa.int64()), ("reason", pa.string())])
+
+
+def _read_again(spark: SparkSession, planned: PlannedRead, aside: pa.Table) -> DataFrame:
+    """The raw records at the positions of `aside`, read again from the slices of the batch that
+    hold them (lazy: computed by the first pass that reads it)."""
+    source = batch_source(planned)
+    assert source is not None
+    where = by_partition(aside)
+    holding = [
+        t for t in split_into_tasks(planned.boundary, source.options.records_per_task)
+        if t.partition in where and np.searchsorted(where[t.partition], t.start) < np.searchsorted(where[t.partition], t.end)
+    ]
+    positions = spark.createDataFrame(aside.select(_POSITIONS.names).cast(_POSITIONS))
+    return read_ranges(spark, holding, source.reader_settings()).join(positions, on=["partition", "offset"], how="left_semi")
 
 
 def _spark_rows(decoded: DataFrame, schema: pa.Schema) -> SparkRows:
