@@ -2311,6 +2311,26 @@ def test_a_record_only_spark_reads_beside_garbage_is_read_once_by_spark(broker, 
     assert values == sorted(b'{"order_id":%d}' % i for i in range(10) if i != 5)
 
 
+def test_more_bad_records_than_a_spark_connect_plan_carries_take_the_spark_sql_path(broker, spark, kafka_env, tmp_path, monkeypatch):
+    """Over Spark Connect the bad records' offsets travel in the produce jobs' plans: past
+    CONNECT_CANDIDATES the batch goes to the Spark SQL path, which skips them alike. (The session
+    is made to look like Connect and the bound lowered to 2: 4,000,000 records and a Connect server
+    are more than a test of this rule needs; the Connect path itself is tests/test_spark_connect.py's.)"""
+    from dpone_dagster.engine import direct_bad_records
+
+    monkeypatch.setattr(direct_bad_records, "CONNECT_CANDIDATES", 2)
+    monkeypatch.setattr(direct_bad_records, "is_connect", lambda session: True)
+    bs = broker.bootstrap_servers
+    src, dst = unique_topic("dcbad"), unique_topic("dcbadd")
+    create_topic(bs, src, 1)
+    create_topic(bs, dst, 1)
+    produce_json(bs, src, [b"{not json" if i in (1, 4, 6) else {"order_id": i} for i in range(10)], partition=0)
+    text = manifest_text(src, dst, tmp_path, "{mode: incremental_append}")
+    result = run_pipeline(parse_manifest(text.replace("options: {group_id:", "options: {on_error: skip, group_id:")), spark)
+    assert result.execution_path == "spark_sql" and result.rows_skipped == 3, result.notes
+    assert sorted(r["value"] for r in consume_raw(bs, dst, expected=7)) == sorted(b'{"order_id":%d}' % i for i in range(10) if i not in (1, 4, 6))
+
+
 @pytest.mark.parametrize("gone", ["deleted", "compacted"])
 def test_bad_records_gone_from_the_topic_before_they_are_read_again_fail_the_run(broker, spark, kafka_env, tmp_path, monkeypatch, gone):
     """The driver reads the records the scan set aside again: records deleted from the topic in

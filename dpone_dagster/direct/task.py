@@ -153,9 +153,9 @@ class UnplannedIds(Refused):
 
 # Records a scan task sets aside for the driver (more go to the Spark SQL path): where the record
 # is and its timestamp (the driver reads the records themselves again in Spark,
-# engine/direct_bad_records.py), why
-# (undecodable: the task decoder does not read it; keyless: an upsert without its unique key;
-# oversized: its message exceeds message.max.bytes) and, when oversized, the message's size and key.
+# engine/direct_bad_records.py), why (undecodable: the task decoder does not read it; keyless: an
+# upsert without its unique key; oversized: its message exceeds message.max.bytes) and, when
+# oversized, the message's size and key.
 SET_ASIDE_KEPT = 250_000  # a whole task of the default records_per_task
 SET_ASIDE_BYTES = 64 << 20  # ... and at most this many bytes of them (keys and reasons)
 ASIDE_NAMES = ("partition", "offset", "timestamp", "kind", "size", "message_key", "reason")

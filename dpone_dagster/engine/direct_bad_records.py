@@ -21,8 +21,8 @@ from dpone_dagster.direct import spark_rows, task
 from dpone_dagster.direct.spark_rows import SparkRows
 from dpone_dagster.engine import bad_records
 from dpone_dagster.engine.bad_records import handle_bad_records
-from dpone_dagster.engine.direct_attempt import DecodedBySpark, ScanAgain
-from dpone_dagster.engine.direct_keys import by_partition
+from dpone_dagster.engine.direct_attempt import DecodedBySpark, ScanAgain, ToSparkSql
+from dpone_dagster.engine.direct_keys import CONNECT_CANDIDATES, by_partition
 from dpone_dagster.engine.results import RunResult
 from dpone_dagster.engine.stages.boundary import PlannedRead
 from dpone_dagster.engine.time_windows import LateRecordScreen
@@ -35,6 +35,7 @@ from dpone_dagster.sources.kafka_reader import read_ranges
 from dpone_dagster.spark.decode import decode_json
 from dpone_dagster.spark.jobs import BoundedJobs
 from dpone_dagster.spark.keep import keep_batch, release_batch
+from dpone_dagster.spark.session import is_connect
 
 
 def batch_source(planned: PlannedRead) -> KafkaBatchSource | None:
@@ -62,10 +63,17 @@ class BadRecords:
         self.aside = pa.concat_tables(tables) if tables else None
         self.letters: DeadLetters | None = None
         self.raw: DataFrame | None = None  # the records set aside, read again (kept until `release`)
+        if self.aside is not None and is_connect(spark) and self.aside.num_rows > CONNECT_CANDIDATES:
+            raise ToSparkSql(f"more than {CONNECT_CANDIDATES:,} bad records (Spark Connect: their offsets would travel in the produce jobs' plans)")
         if self.aside is not None:
             self.raw = keep_batch(_read_again(spark, planned, self.aside))
-            found = jobs.run(self.raw.count, seconds, "reading the batch's bad records again")
+            try:
+                found = jobs.run(self.raw.count, seconds, "reading the batch's bad records again")
+            except BaseException:
+                self.release()  # the caller never holds what failed to be made
+                raise
             if found != self.aside.num_rows:
+                self.release()
                 raise RunFailed(
                     f"{self.aside.num_rows - found} of the {self.aside.num_rows} bad record(s) the scan set aside are no longer in "
                     f"{planned.label} (deleted or compacted since); nothing was produced and no state moved: run again"
