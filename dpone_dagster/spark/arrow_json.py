@@ -133,17 +133,26 @@ def decode_envelopes(values: pa.Array, schema: pa.Schema) -> tuple[pa.Array, pa.
     return aligned[0], pc.fill_null(aligned[1], False), aligned[2:]
 
 
+def _retyped(kind: pa.DataType, leaf: Callable[[pa.DataType], pa.DataType]) -> pa.DataType:
+    """`kind` with `leaf` applied to every type that is no struct or list, at any depth."""
+    if pa.types.is_struct(kind):
+        return pa.struct([(f.name, _retyped(f.type, leaf)) for f in kind])
+    if pa.types.is_list(kind):
+        return pa.list_(_retyped(kind.value_type, leaf))
+    return leaf(kind)
+
+
 def _read_type(kind: pa.DataType) -> pa.DataType:
     """The type Arrow's reader reads `kind` as: a float as a double, a date or a timestamp as text
     (converted after)."""
+    return _retyped(kind, _read_leaf)
+
+
+def _read_leaf(kind: pa.DataType) -> pa.DataType:
     if pa.types.is_float32(kind):
         return pa.float64()
     if pa.types.is_date32(kind) or pa.types.is_timestamp(kind):
         return pa.string()
-    if pa.types.is_struct(kind):
-        return pa.struct([(f.name, _read_type(f.type)) for f in kind])
-    if pa.types.is_list(kind):
-        return pa.list_(_read_type(kind.value_type))
     return kind
 
 
@@ -155,7 +164,7 @@ def _decimals_confirmed(values: pa.Array, table: pa.Table) -> bool:
     JVM's. A quoted number does not read as a double: the JVM reads it too."""
     if not any(_holds_decimal(f.type) for f in table.schema):
         return True
-    as_doubles = pa.schema([(f.name, _decimals_as_doubles(f.type)) for f in table.schema])
+    as_doubles = pa.schema([(f.name, _retyped(f.type, lambda t: pa.float64() if pa.types.is_decimal(t) else t)) for f in table.schema])
     doubles = _read(values, as_doubles)
     if doubles is None or doubles.schema != as_doubles:
         return False
@@ -169,16 +178,6 @@ def _holds_decimal(kind: pa.DataType) -> bool:
     if pa.types.is_struct(kind):
         return any(_holds_decimal(f.type) for f in kind)
     return pa.types.is_list(kind) and _holds_decimal(kind.value_type)
-
-
-def _decimals_as_doubles(kind: pa.DataType) -> pa.DataType:
-    if pa.types.is_decimal(kind):
-        return pa.float64()
-    if pa.types.is_struct(kind):
-        return pa.struct([(f.name, _decimals_as_doubles(f.type)) for f in kind])
-    if pa.types.is_list(kind):
-        return pa.list_(_decimals_as_doubles(kind.value_type))
-    return kind
 
 
 def _decimal_leaves(read: pa.Array, check: pa.Array, kind: pa.DataType) -> Iterator[tuple[pa.Array, pa.Array]]:
