@@ -2271,18 +2271,28 @@ def test_bad_records_follow_on_error_as_on_the_spark_sql_path(broker, spark, kaf
     assert (lettered, skipped, len(letters)) == ((3, 0, 3) if on_error == "dead_letter" else (0, 3, 0))
 
 
+def poisoned(i: int, kind: str) -> Any:
+    """Record `i` of a poisoned partition: one in six good, the rest cut short ("cut") or whole
+    objects of the wrong types ("mistyped", where one good record in two also holds a field the
+    declared schema lacks: Spark's decoder reads it, the task decoder does not)."""
+    if i % 6 == 0:
+        return {"order_id": i % 700, "amount": 2.5, **({"note": "x"} if kind == "mistyped" and i % 12 == 0 else {})}
+    return b'{"order_id": %d, "amount": 1' % i if kind == "cut" else {"order_id": i, "amount": "one"}
+
+
+@pytest.mark.parametrize("kind", ["cut", "mistyped"])
 @pytest.mark.parametrize("on_error", ["skip", "dead_letter"])
-def test_more_bad_records_than_the_tasks_once_reported_stay_on_the_direct_path(broker, spark, kafka_env, tmp_path, monkeypatch, on_error):
+def test_more_bad_records_than_the_tasks_once_reported_stay_on_the_direct_path(broker, spark, kafka_env, tmp_path, monkeypatch, on_error, kind):
     """A poisoned topic: 12,500 corrupt records (more than the 10,000 a task once handed to the
     driver whole) among 2,500 good ones, over keys that repeat. The tasks report where the bad
-    records are, the driver reads them again in Spark: the direct path skips or dead-letters them
-    all, with the Spark SQL path's outcome, letters and offsets."""
+    records are (the mistyped ones found by formats/json_suspects.py, not by halving), the driver
+    reads them again in Spark: the direct path skips or dead-letters them all, with the Spark SQL
+    path's outcome, letters and offsets."""
     bs = broker.bootstrap_servers
     src = unique_topic("dpoison")
     create_topic(bs, src, 2)
     for p in range(2):
-        rows: list[Any] = [b'{"order_id": %d, "amount": 1' % i if i % 6 else {"order_id": i % 700, "amount": 2.5} for i in range(7_500)]
-        produce_json(bs, src, rows, partition=p)
+        produce_json(bs, src, [poisoned(i, kind) for i in range(7_500)], partition=p)
     no_handover(monkeypatch)
     strategy = "{mode: incremental_merge, unique_key: order_id, duplicate_policy: keep_last}"
     declared = "schema: [{name: order_id, type: long}, {name: amount, type: double}]"

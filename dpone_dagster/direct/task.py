@@ -27,7 +27,7 @@ from dpone_dagster.direct.progress import Slice
 from dpone_dagster.direct.row_form import as_rows, rows_schema
 from dpone_dagster.direct.spark_rows import SparkRows
 from dpone_dagster.direct.spill import SpillWriter, remove_file, run_directory, sweep_stale_spills
-from dpone_dagster.formats import registry_source
+from dpone_dagster.formats import json_suspects, registry_source
 from dpone_dagster.quality import arrow_checks
 from dpone_dagster.quality.arrow_checks import RowCheck, Tally
 from dpone_dagster.shape import headers as message_headers
@@ -307,16 +307,24 @@ def _kept_messages(
 
 def _undecodable(settings: DirectSettings, raw: pa.RecordBatch) -> pa.Array:
     """Which records of `raw` the task decoder does not read: JSON values that are no object on
-    their own (a poisoned topic's garbage and cut values: one vectorised look), then the others
-    found by halves (`failing`)."""
+    their own (a poisoned topic's garbage and cut values: one vectorised look), values it would
+    likely refuse alone (formats/json_suspects.py: one look per value, where halving
+    costs seven decodes a bad record), then the others found by halves (`failing`). A suspect the
+    decoder reads is decoded by Spark on the driver, as the records it does not read are."""
     values = raw.column("value")
     obvious = np.zeros(raw.num_rows, bool)
     if settings.registry_source is None:
         whole = pc.and_(pc.starts_with(values, "{"), pc.ends_with(values, "}"))
         obvious = pc.invert(pc.fill_null(whole, True)).to_numpy(zero_copy_only=False)
+        if settings.source_envelope == "dpone":
+            obvious |= json_suspects.envelope_suspects(values, settings.schema, DELETE_OPS, settings.envelope_auto)
+        else:
+            obvious |= json_suspects.suspects(values, settings.schema)
         found = settings.spark_rows.found(raw) if settings.spark_rows is not None else None
         if found is not None:  # decoded by Spark already: the task decoder reads them now
             obvious &= ~np.asarray(found, bool)
+    if int(obvious.sum()) > SET_ASIDE_KEPT:
+        raise Refused(f"more than {SET_ASIDE_KEPT} records the task decoder does not read in a batch")
     rest = raw.filter(pa.array(~obvious)) if obvious.any() else raw
     bad = obvious.copy()
     bad[~obvious] = failing(rest.num_rows, lambda low, n: not _reads(settings, rest.slice(low, n)), SET_ASIDE_KEPT - int(obvious.sum()))
