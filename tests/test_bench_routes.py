@@ -39,3 +39,14 @@ def test_every_route_runs_direct_and_matches_its_hand_loop(broker, spark):
 
 def _values(bootstrap: str, topic: str, skip: int) -> dict[Any, bytes]:
     return {r["key"]: r["value"][skip:] for r in consume_raw(bootstrap, topic)}
+
+
+def test_the_bad_records_bench_runs_both_paths_to_the_same_counts(broker, spark):
+    """`python -m bench.bad_records` on a few thousand records: the bench itself fails a run whose
+    delivered and dead-lettered counts differ from what it wrote."""
+    from bench.bad_records import bench
+
+    report = bench(broker.bootstrap_servers, spark, 3_000, 2, 0.125, ["mistyped"], lambda _m: None, warm_up=False)
+    for kind, row in report["kinds"].items():
+        assert (row["direct"]["path"], row["spark_sql"]["path"]) == ("direct", "spark_sql"), kind
+        assert row["bad_records"] > 250 and row["direct"]["dead_lettered"] == row["bad_records"], kind
