@@ -29,6 +29,8 @@ METADATA = frozenset(
 
 UPSERT = "upsert"
 DELETE = "delete"
+# The ops of a source's dpone envelope that delete its key (both paths read them alike).
+DELETE_OPS = ("delete", "d", "DELETE", "D")
 
 
 def payload_columns(columns: list[str]) -> list[str]:

@@ -11,8 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from dpone_dagster.columns import DELETE_OPS
 from dpone_dagster.direct import task
-from dpone_dagster.direct.task import DELETE_OPS, DirectSettings, failing
+from dpone_dagster.direct.task import DirectSettings, failing
 from dpone_dagster.formats.json_suspects import envelope_suspects, suspects
 from dpone_dagster.sources.kafka_reader import ReaderSettings
 from dpone_dagster.spark.arrow_json import decode_values

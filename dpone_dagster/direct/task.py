@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
+from dpone_dagster.columns import DELETE_OPS
 from dpone_dagster.direct.keys import TaskHashes, in_sorted, is_candidate, keyed_hashes
 from dpone_dagster.direct.late import WindowRange, late_records
 from dpone_dagster.direct.outgoing import SENT_KEY, outgoing, sent_keys, sent_size
@@ -212,7 +213,6 @@ def shape(
     return pa.RecordBatch.from_arrays(arrays, names=names), deletes, keyless
 
 
-DELETE_OPS = ("delete", "d", "DELETE", "D")  # as the Spark SQL path reads them (spark/decode.py)
 
 
 def decoded(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBatch, list[pa.Array], pa.Array]:

@@ -11,10 +11,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from dpone_dagster import columns as C
-from dpone_dagster.columns import JSON_OK, json_column, reads_decoded
+from dpone_dagster.columns import DELETE_OPS, JSON_OK, json_column, reads_decoded
 
 _JSON_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": C.CORRUPT}
-DELETE_OPS = ("delete", "d", "DELETE", "D")
 _PARSED = "__dpone__parsed"
 
 
