@@ -100,6 +100,12 @@ def test_a_batch_of_tombstones_only():
         b'{"customer": {"city": "Oslo", "zip": "0150"}}',
         b'{"status": "a\tb"}',
         b'{"status": "\xff"}',
+        # Number tokens past Jackson's 1,000 characters: corrupt records for Spark (measured),
+        # read by Arrow; a long digit string goes to the JVM too (which reads it).
+        b'{"amount": 1' + b"0" * 1200 + b"}",
+        b'{"amount": 0.' + b"0" * 1200 + b"1}",
+        b'{"items": [1' + b"0" * 1000 + b"]}",
+        b'{"status": "' + b"7" * 1000 + b'"}',
     ],
 )
 def test_anything_pyarrow_might_read_differently_goes_to_the_jvm(value):
@@ -294,6 +300,26 @@ def test_a_value_nested_too_deep_for_arrows_reader_is_left_to_spark():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["None", "True"]  # the shallow drift is refused as drift, without a crash
+
+
+def test_numbers_shorter_than_jacksons_limit_are_read_here():
+    assert decode(b'{"amount": 1' + b"0" * 980 + b"}") == [{**dict.fromkeys(ARROW.names), "amount": float("inf")}]
+    assert decode(b'{"status": "' + b"7" * 980 + b'"}')[0]["status"] == "7" * 980
+
+
+def test_fields_beyond_the_schema_nested_past_pythons_recursion_limit_are_left_to_spark():
+    """Arrow reads them (under MAX_OPENINGS); the checks after the read walk the inferred types."""
+    deep = b'{"id": 1, "z": ' + b"[" * 1500 + b"]" * 1500 + b"}"
+    assert decode(deep) is None
+    envelope = b'{"op": "d", "metadata": ' + b'{"a":' * 1500 + b"1" + b"}" * 1501
+    assert arrow_json.decode_envelopes(pa.array([envelope], pa.binary()), ARROW) is None
+
+
+def test_an_envelope_field_read_past_named_by_bytes_that_are_not_utf8_is_left_to_spark():
+    """Spark's decoder reads the name as U+FFFD; the checks after Arrow's read cannot name it."""
+    with_decimal = pa.schema([("price", pa.decimal128(10, 2))])
+    envelope = b'{"op": "d", "metadata": {"m\xe9ta": 1.5}}'
+    assert arrow_json.decode_envelopes(pa.array([envelope], pa.binary()), with_decimal) is None
 
 
 def test_values_joined_past_what_one_arrow_buffer_holds_are_left_to_spark(monkeypatch):

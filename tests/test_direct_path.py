@@ -2240,6 +2240,9 @@ BAD_RECORDS = {  # kind: (the bad records at (partition, index), strategy, sink 
     "oversized among keys that repeat": (
         {(0, 3): {"order_id": 5, "blob": "x" * 3_000}, (0, 1_100): {"order_id": 4, "blob": "y" * 5_000}, (1, 700): {"order_id": 5, "blob": "z" * 2_100}},
         "{mode: incremental_append, unique_key: order_id}", "delivery: {producer_config: {message.max.bytes: 2000}}"),
+    # Number tokens past Jackson's 1,000 characters: Arrow's reader reads them, Spark's decoder does not.
+    "numbers too long for spark": ({(0, 3): b'{"order_id": 3, "amount": 1' + b"0" * 1_200 + b"}", (0, 1_100): b'{"order_id": 4, "amount": 0.' + b"0" * 1_200 + b"1}",
+                                    (1, 700): b'{"order_id": 1' + b"0" * 1_100 + b', "amount": 1.5}'}, "{mode: incremental_append, unique_key: order_id}", ""),
     # dpone envelopes: not JSON, without an op, an upsert without its data.
     "undecodable envelopes": ({(0, 3): b"{not json", (0, 1_100): {"data": {"order_id": 7}}, (1, 700): {"op": "upsert"}}, "{mode: incremental_append, unique_key: order_id}", ""),
 }

@@ -12,8 +12,10 @@ the JVM. The guards below keep pyarrow's line-based reader aligned with the reco
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +41,8 @@ from pyspark.sql.types import (
 # A first line that is an object: pyarrow crashes (SIGSEGV, 26.0) on a buffer whose first row
 # is a JSON `null`; with this line first no later row can be the first.
 _SENTINEL = b"{}"
+
+T = TypeVar("T")
 
 
 # Integer types a manifest may declare (`int`, `smallint`, `tinyint`): pyarrow reads only an
@@ -97,6 +101,22 @@ def _lines(values: pa.Array) -> pa.Buffer:
     return joined[0].as_buffer()
 
 
+def _refused_when_unreadable(decode: Callable[..., T]) -> Callable[..., T | None]:
+    """`decode`, None (the JVM's batch) where the checks after the read cannot walk what Arrow
+    inferred of the fields beyond the schema: nested past Python's recursion limit, or named by
+    bytes that are not UTF-8 (Spark's decoder reads those as U+FFFD)."""
+
+    @functools.wraps(decode)
+    def guarded(*args: Any) -> T | None:
+        try:
+            return decode(*args)
+        except (RecursionError, UnicodeDecodeError):
+            return None
+
+    return guarded
+
+
+@_refused_when_unreadable
 def decode_values(values: pa.Array, schema: pa.Schema) -> list[pa.Array] | None:
     """One array per schema field, aligned with `values` (null for null values = tombstones), or
     None when this batch must be decoded by the JVM."""
@@ -109,6 +129,7 @@ def decode_values(values: pa.Array, schema: pa.Schema) -> list[pa.Array] | None:
     return _aligned(values, columns) if columns is not None else None
 
 
+@_refused_when_unreadable
 def decode_envelopes(values: pa.Array, schema: pa.Schema) -> tuple[pa.Array, pa.Array, list[pa.Array]] | None:
     """dpone envelopes `{"op", "data", ...}`: the op text, whether the data is there, and one array
     per field of the data, aligned with `values` (nulls for null values), or None when this batch
@@ -334,6 +355,8 @@ def _read(values: pa.Array, schema: pa.Schema) -> pa.Table | None:
         return None
     if _deepest(octets, newlines) > MAX_OPENINGS:
         return None
+    if pc.any(pc.greater_equal(pc.binary_length(present), LONG_NUMBER)).as_py() and _LONG_NUMBER.search(buffer):
+        return None
     try:
         table = pa_json.read_json(
             buffer,
@@ -350,6 +373,14 @@ def _read(values: pa.Array, schema: pa.Schema) -> pa.Table | None:
         return None
     # One row per value (a value holding two objects would add rows).
     return table if table.num_rows == n + 1 else None
+
+
+# Jackson (Spark's decoder) refuses a number token longer than 1,000 characters (its
+# maxNumberLength): Spark makes the record corrupt where Arrow reads it. A run of number characters
+# about that long anywhere (a long digit string too, which Spark then reads) leaves the batch to
+# Spark; only values at least that long are looked at.
+LONG_NUMBER = 990
+_LONG_NUMBER = re.compile(rb"[0-9][0-9.eE+\-]{%d,}" % (LONG_NUMBER - 1))
 
 
 # Non-numeric numbers Arrow's reader takes but Jackson's (Spark's, allowNonNumericNumbers) does
