@@ -175,3 +175,38 @@ def test_the_flat_suspects_are_judged_by_the_scan_tasks_decoder_alike():
     flagged = suspects(values, SCHEMA)
     assert all(not reads(values.slice(int(i), 1), "flat") for i in np.flatnonzero(flagged))
     assert reads(values.filter(pa.array(~flagged)), "flat")
+
+
+def test_values_json_loads_alone_refuses_are_no_suspects():
+    """Python's limits are not the reader's: an integer past 4,300 digits (Arrow reads it into a
+    double), bytes that are not UTF-8 in a name the envelope's reader reads past (Spark's decoder
+    reads them as U+FFFD), a value nested past the recursion limit (no crash: the halving judges it)."""
+    huge = b'{"amount": 1' + b"0" * 5_000 + b"}"
+    deep = b'{"tags": ' + b"[" * 5_000 + b"]" * 5_000 + b"}"
+    assert not suspects(pa.array([huge, deep], pa.binary()), SCHEMA).any()
+    latin = b'{"op": "d", "metadata": {"m\xe9ta": "db"}}'
+    assert not envelope_suspects(pa.array([latin], pa.binary()), SCHEMA, DELETE_OPS, False).any()
+    assert not reads(pa.array([latin], pa.binary()), "dpone")  # no crash: Spark's decoder reads it
+
+
+def test_one_bad_record_in_a_batch_is_found_by_halving_without_the_look(monkeypatch):
+    """The look costs one json.loads a value; one bad record costs about one decode of the batch by
+    halving. Where both halves fail, the look runs."""
+    from dpone_dagster.formats import json_suspects
+
+    looked = []
+    real = json_suspects.suspects
+    monkeypatch.setattr(json_suspects, "suspects", lambda values, schema: looked.append(len(values)) or real(values, schema))
+    settings = DirectSettings(
+        reader=ReaderSettings(client_config={}, group_id="g"), schema=SCHEMA, key_columns=None, hashed=False,
+        max_message_bytes=1_000_000, run_id="r", screen_undecodable=True,
+    )
+
+    def batch(bad: set[int]) -> pa.RecordBatch:
+        values = [b'{"id": "x"}' if i in bad else b'{"id": %d}' % i for i in range(1_000)]
+        return pa.RecordBatch.from_arrays([pa.array(values, pa.binary())], ["value"])
+
+    assert np.flatnonzero(task._undecodable(settings, batch({700})).to_numpy(zero_copy_only=False)).tolist() == [700]
+    assert looked == []
+    assert np.flatnonzero(task._undecodable(settings, batch({3, 700})).to_numpy(zero_copy_only=False)).tolist() == [3, 700]
+    assert looked == [1_000]

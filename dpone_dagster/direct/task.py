@@ -307,28 +307,43 @@ def _kept_messages(
 
 def _undecodable(settings: DirectSettings, raw: pa.RecordBatch) -> pa.Array:
     """Which records of `raw` the task decoder does not read: JSON values that are no object on
-    their own (a poisoned topic's garbage and cut values: one vectorised look), values it would
-    likely refuse alone (formats/json_suspects.py: one look per value, where halving
-    costs seven decodes a bad record), then the others found by halves (`failing`). A suspect the
-    decoder reads is decoded by Spark on the driver, as the records it does not read are."""
+    their own (a poisoned topic's garbage and cut values: one vectorised look); where both halves
+    of the rest fail (more than one bad record), the JSON values it would likely refuse alone
+    (formats/json_suspects.py: one look a value, where halving costs about seven decodes a bad
+    record); then the others found by halves (`failing`). A suspect the decoder reads is decoded
+    by Spark on the driver, as the records it does not read are."""
     values = raw.column("value")
-    obvious = np.zeros(raw.num_rows, bool)
+    bad = np.zeros(raw.num_rows, bool)
+    found = np.zeros(raw.num_rows, bool)  # decoded by Spark already: the task decoder reads them now
     if settings.registry_source is None:
         whole = pc.and_(pc.starts_with(values, "{"), pc.ends_with(values, "}"))
-        obvious = pc.invert(pc.fill_null(whole, True)).to_numpy(zero_copy_only=False)
+        bad = pc.invert(pc.fill_null(whole, True)).to_numpy(zero_copy_only=False)
+        spark_found = settings.spark_rows.found(raw) if settings.spark_rows is not None else None
+        if spark_found is not None:
+            found = np.asarray(spark_found, bool)
+            bad &= ~found
+    rest = np.flatnonzero(~bad)
+    if settings.registry_source is None and _halves_fail(settings, raw.take(pa.array(rest))):
+        look = ~bad & ~found
+        candidates = values.filter(pa.array(look))
         if settings.source_envelope == "dpone":
-            obvious |= json_suspects.envelope_suspects(values, settings.schema, DELETE_OPS, settings.envelope_auto)
+            bad[look] = json_suspects.envelope_suspects(candidates, settings.schema, DELETE_OPS, settings.envelope_auto)
         else:
-            obvious |= json_suspects.suspects(values, settings.schema)
-        found = settings.spark_rows.found(raw) if settings.spark_rows is not None else None
-        if found is not None:  # decoded by Spark already: the task decoder reads them now
-            obvious &= ~np.asarray(found, bool)
-    if int(obvious.sum()) > SET_ASIDE_KEPT:
+            bad[look] = json_suspects.suspects(candidates, settings.schema)
+        rest = np.flatnonzero(~bad)
+    if int(bad.sum()) > SET_ASIDE_KEPT:
         raise Refused(f"more than {SET_ASIDE_KEPT} records the task decoder does not read in a batch")
-    rest = raw.filter(pa.array(~obvious)) if obvious.any() else raw
-    bad = obvious.copy()
-    bad[~obvious] = failing(rest.num_rows, lambda low, n: not _reads(settings, rest.slice(low, n)), SET_ASIDE_KEPT - int(obvious.sum()))
+    others = raw.take(pa.array(rest))
+    bad[rest] = failing(len(rest), lambda low, n: not _reads(settings, others.slice(low, n)), SET_ASIDE_KEPT - int(bad.sum()))
     return pa.array(bad)
+
+
+def _halves_fail(settings: DirectSettings, raw: pa.RecordBatch) -> bool:
+    """Whether neither half of `raw` decodes: more than one bad record, worth a look at each value
+    (one bad record is found by ~2·log2(n) decodes of shrinking ranges, about one decode of the
+    whole batch)."""
+    half = raw.num_rows // 2
+    return half > 0 and not _reads(settings, raw.slice(0, half)) and not _reads(settings, raw.slice(half))
 
 
 def _aside(

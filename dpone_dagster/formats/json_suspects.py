@@ -4,22 +4,25 @@ guide for finding a batch's bad records, never a verdict.
 The task decoder reads a batch whole or not at all. A batch it does not read is searched for the
 records it refuses, and halving the batch costs one decode per range tried (~0.45 ms, most of
 it the reader's start): about seven per bad record, 38 s for 12,500 bad records in 100,000
-(measured). This look is one `json.loads` per value (~5 µs): a value that is no object, holds a
-field the schema lacks, or holds a field of a JSON kind its read type never takes is a suspect.
-The caller sets suspects aside unchecked and has the decoder read the others whole, halving only
-what that still refuses. A suspect the decoder would have read is then decoded by Spark on the
-driver (engine/direct_bad_records.py), which reads every record the task decoder reads alike:
-a wrong guess costs time, never a different message.
+(measured). This look is one `json.loads` per value (~5 µs): a value that does not parse, is no
+object, holds a field the schema lacks, or holds a field of a JSON kind its read type never takes
+is a suspect. The caller (direct/task._undecodable, where more than one record is bad) sets
+suspects aside unchecked and has the decoder read the others whole, halving only what that still
+refuses. A suspect the decoder would have read is then decoded by Spark on the driver
+(engine/direct_bad_records.py), which reads every record the task decoder reads alike: a wrong
+guess costs time, never a different message. Where Python's limits are not the reader's (integer
+digits, UTF-8, nesting), a value is no suspect.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 # JSON numbers as json.loads returns them; bool is an int subclass and is left out by type().
 _NUMBERS = (int, float)
@@ -49,18 +52,51 @@ def envelope_suspects(values: pa.Array, schema: pa.Schema, delete_ops: tuple[str
     return _flags(values, fits)
 
 
+# Values looked at a time, and their bytes: a batch is never copied into Python objects whole.
+CHUNK = 4_096
+CHUNK_BYTES = 8 << 20
+
+
+def _any_int(text: str) -> int:
+    """Integers as json.loads would read them, without its 4,300-digit limit (Arrow reads a longer
+    one in a double field: no suspect)."""
+    return 0
+
+
 def _flags(values: pa.Array, fits: Callable[[dict[str, Any]], bool]) -> np.ndarray:
     out = np.zeros(len(values), bool)
-    for i, value in enumerate(values.to_pylist()):
-        if value is None:
-            continue
-        try:
-            record = json.loads(value)
-        except (ValueError, UnicodeDecodeError):
-            out[i] = True
-            continue
-        out[i] = not isinstance(record, dict) or not fits(record)
+    for low, chunk in _chunks(values):
+        for i, value in enumerate(chunk, low):
+            if value is not None:
+                out[i] = _suspect(value, fits)
     return out
+
+
+def _chunks(values: pa.Array) -> Iterator[tuple[int, list[bytes | None]]]:
+    """The values as Python bytes, at most CHUNK of them and CHUNK_BYTES (or one value) at a time."""
+    lengths = pc.fill_null(pc.binary_length(values), 0).to_numpy(zero_copy_only=False)
+    low = 0
+    while low < len(values):
+        sizes = np.cumsum(lengths[low : low + CHUNK])
+        n = max(1, int(np.searchsorted(sizes, CHUNK_BYTES, side="right")))
+        yield low, values.slice(low, n).to_pylist()
+        low += n
+
+
+def _suspect(value: bytes, fits: Callable[[dict[str, Any]], bool]) -> bool:
+    """Only JSON that does not parse, or parses into what the reader never takes. Bytes that are
+    not UTF-8 are no reason (Spark's decoder reads them as U+FFFD); a value nested past Python's
+    recursion limit is no suspect either: the halving judges it."""
+    try:
+        record = json.loads(value.decode("utf-8", "surrogateescape"), parse_int=_any_int)
+    except json.JSONDecodeError:
+        return True
+    except (RecursionError, ValueError):
+        return False
+    try:
+        return not isinstance(record, dict) or not fits(record)
+    except RecursionError:
+        return False
 
 
 def _fits_struct(record: dict[str, Any], fields: dict[str, pa.DataType]) -> bool:
