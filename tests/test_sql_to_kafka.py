@@ -115,6 +115,7 @@ def test_incremental_reads_new_updated_and_tied_rows(broker, spark, kafka_env, d
     m = parse_manifest(manifest(database, dst, tmp_path, strategy, "    incremental_column: updated_at"))
     first = run_pipeline(m, spark)
     assert first.rows_extracted == 3
+    assert len(first.notes) == len(set(first.notes)) and any(n.startswith("first incremental run") for n in first.notes), first.notes
     store = LocalStateStore(str(tmp_path))
     assert store.load_watermark(m.name)["value"].startswith("2024-01-01")
 

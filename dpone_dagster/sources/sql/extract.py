@@ -144,7 +144,7 @@ class SqlBatchSource(JdbcTable):
         mode = self.options.export_mode
         if self._export is not None and self._export[0] is boundary:
             return self._export[1]
-        notes, tasks = list(boundary.notes), None
+        notes, tasks = [], None  # the plan stage reports the boundary's own notes
         if mode == "bcp":
             raw = read_bcp(self, spark, boundary, log)
             notes.append(
