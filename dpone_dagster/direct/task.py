@@ -213,8 +213,6 @@ def shape(
     return pa.RecordBatch.from_arrays(arrays, names=names), deletes, keyless
 
 
-
-
 def decoded(settings: DirectSettings, raw: pa.RecordBatch) -> tuple[pa.RecordBatch, list[pa.Array], pa.Array]:
     """The payload columns of a batch and which records are deletes (a tombstone, or an envelope
     whose op is a delete op); the records only Spark's decoder reads as it decoded them."""
