@@ -321,7 +321,9 @@ def _undecodable(settings: DirectSettings, raw: pa.RecordBatch) -> pa.Array:
             found = np.asarray(spark_found, bool)
             bad &= ~found
     rest = np.flatnonzero(~bad)
-    if settings.registry_source is None and _halves_fail(settings, raw.take(pa.array(rest))):
+    others = raw.take(pa.array(rest))
+    ranges = _failing_halves(settings, others) if settings.registry_source is None else [(0, len(rest))]
+    if len(ranges) == 2:  # more than one bad record: worth a look at each value
         look = ~bad & ~found
         candidates = values.filter(pa.array(look))
         if settings.source_envelope == "dpone":
@@ -329,19 +331,24 @@ def _undecodable(settings: DirectSettings, raw: pa.RecordBatch) -> pa.Array:
         else:
             bad[look] = json_suspects.suspects(candidates, settings.schema)
         rest = np.flatnonzero(~bad)
+        others = raw.take(pa.array(rest))
+        ranges = [(0, len(rest))]
     if int(bad.sum()) > SET_ASIDE_KEPT:
         raise Refused(f"more than {SET_ASIDE_KEPT} records the task decoder does not read in a batch")
-    others = raw.take(pa.array(rest))
-    bad[rest] = failing(len(rest), lambda low, n: not _reads(settings, others.slice(low, n)), SET_ASIDE_KEPT - int(bad.sum()))
+    bad[rest] = failing(len(rest), lambda low, n: not _reads(settings, others.slice(low, n)), SET_ASIDE_KEPT - int(bad.sum()), ranges)
     return pa.array(bad)
 
 
-def _halves_fail(settings: DirectSettings, raw: pa.RecordBatch) -> bool:
-    """Whether neither half of `raw` decodes: more than one bad record, worth a look at each value
+def _failing_halves(settings: DirectSettings, raw: pa.RecordBatch) -> list[tuple[int, int]]:
+    """The halves of `raw` that do not decode, as (low, high) ranges; the whole batch when it is
+    too small to halve. Both failing means more than one bad record; one failing is searched alone
     (one bad record is found by ~2·log2(n) decodes of shrinking ranges, about one decode of the
     whole batch)."""
-    half = raw.num_rows // 2
-    return half > 0 and not _reads(settings, raw.slice(0, half)) and not _reads(settings, raw.slice(half))
+    n = raw.num_rows
+    half = n // 2
+    if not half:
+        return [(0, n)]
+    return [(low, high) for low, high in ((0, half), (half, n)) if not _reads(settings, raw.slice(low, high - low))]
 
 
 def _aside(
@@ -375,14 +382,15 @@ def _reads(settings: DirectSettings, raw: pa.RecordBatch) -> bool:
     return True
 
 
-def failing(n: int, fails: Callable[[int, int], bool], limit: int) -> np.ndarray:
+def failing(n: int, fails: Callable[[int, int], bool], limit: int, ranges: list[tuple[int, int]] | None = None) -> np.ndarray:
     """Which of `n` records fail, where `fails(low, count)` says whether a range holds one (pure):
     halves of a failing range are tried until single records are left, so a batch with few bad
-    records costs few decodes. Past `limit` failing records, Refused (the batch is the Spark SQL
+    records costs few decodes. `ranges` ((low, high) pairs, the whole by default): where to look,
+    the rest known to decode. Past `limit` failing records, Refused (the batch is the Spark SQL
     path's)."""
     out = np.zeros(n, bool)
     found = 0
-    ranges = [(0, n)]
+    ranges = list(ranges) if ranges is not None else [(0, n)]
     while ranges:
         low, high = ranges.pop()
         if high <= low or not fails(low, high - low):
