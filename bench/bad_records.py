@@ -28,33 +28,13 @@ from typing import Any
 from confluent_kafka import Producer
 
 from bench.common import create_topic, dump_json, machine_info, topic_count
+from bench.k2k import engine_manifest_text
 
 GOAL = 1.0
 KINDS = ("cut", "mistyped")
 
-MANIFEST = """
-name: bench_bad_records_{kind}
-source:
-  type: kafka
-  connection_id: bench_kafka
-  connection_type: params
-  params: {{bootstrap_servers: "{bootstrap}"}}
-  topic: {src}
-  options:
-    group_id: "bench.{group}"
-    start_from: earliest
-    on_error: dead_letter
-    schema: [{{name: order_id, type: long}}, {{name: amount, type: double}}, {{name: customer, type: string}}]
-    dead_letter: {{topic: {dlq}}}
-sink:
-  type: kafka
-  connection_id: bench_kafka
-  connection_type: params
-  params: {{bootstrap_servers: "{bootstrap}"}}
-  topic: {dst}
-  strategy: {{mode: incremental_append, unique_key: order_id}}
-state: {{type: local, path: "{state}"}}
-"""
+# The declared schema makes a mistyped record a bad record (an inferred one would widen to text).
+SCHEMA = [{"name": "order_id", "type": "long"}, {"name": "amount", "type": "double"}, {"name": "customer", "type": "string"}]
 
 
 def record(i: int, bad: bool, kind: str) -> bytes:
@@ -91,7 +71,8 @@ def run(spark: Any, kind: str, bootstrap: str, src: str, partitions: int, direct
     os.environ["DPONE_DIRECT_PATH"] = "on" if direct else "off"
     try:
         with tempfile.TemporaryDirectory(prefix="dpone-bench-bad-") as state:
-            text = MANIFEST.format(kind=kind, bootstrap=bootstrap, src=src, dst=dst, dlq=dlq, group=uuid.uuid4().hex[:8], state=state)
+            options = {"on_error": "dead_letter", "schema": SCHEMA, "dead_letter": {"topic": dlq}}
+            text = engine_manifest_text(bootstrap, src, dst, state, mode="incremental_append", source_options=options)
             started = time.perf_counter()
             result = run_pipeline(parse_manifest(text), spark)
             seconds = time.perf_counter() - started
